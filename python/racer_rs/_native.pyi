@@ -1,0 +1,151 @@
+"""Type stubs for the Rust extension ``racer_rs._native`` (hand-written, checked by stubtest)."""
+
+from collections.abc import Sequence
+from typing import final
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+TokenArray = Sequence[int] | npt.NDArray[np.int32] | npt.NDArray[np.int64]
+
+@final
+class DraftTree:
+    """A draft tree flattened in BFS order (root at index 0, every parent before its children).
+
+    Sibling nodes always carry distinct tokens, so a greedy walk is unambiguous.
+    """
+
+    def __new__(cls, tokens: TokenArray, parents: TokenArray) -> DraftTree:
+        """Build a tree from flat arrays.
+
+        Args:
+            tokens: token id of every node (non-negative).
+            parents: parent index of every node, ``-1`` for the root at index 0;
+                parents must precede children and depths must not decrease.
+
+        Raises:
+            ValueError: if the arrays disagree in length, are empty, are not in BFS
+                order, or two siblings carry the same token.
+            TypeError: if an argument is not a sequence of ints or an integer array.
+        """
+
+    @staticmethod
+    def chain(tokens: TokenArray) -> DraftTree:
+        """A chain tree: ``tokens[0]`` is the root, each next token the child of the previous."""
+
+    @property
+    def tokens(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def parents(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def depths(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def max_depth(self) -> int: ...
+    def __len__(self) -> int: ...
+    def attention_mask(self) -> npt.NDArray[np.bool_]:
+        """``bool[n, n]``: row ``i`` marks the ancestors of ``i`` and ``i`` itself."""
+
+    def leaf_paths(self) -> npt.NDArray[np.int32]:
+        """``int32[leaves, max_depth + 1]``: root-to-leaf node indices, padded with ``-1``."""
+
+    def greedy_accept(self, predicted: TokenArray) -> tuple[list[int], int]:
+        """Walk from the root, following the child whose token equals the parent's prediction.
+
+        Args:
+            predicted: the target's token for every node (``int32[n]``), e.g. its argmax,
+                or one sample per node for lossless sampling.
+
+        Returns:
+            ``(path, bonus)``: accepted node indices starting with 0, and the prediction at
+            the last accepted node.
+        """
+
+@final
+class Automaton:
+    """Aho-Corasick automaton over the token stream with LRU eviction under a node budget."""
+
+    def __new__(cls, ngram: int = 10, capacity: int = 10_000, min_depth: int = 2) -> Automaton: ...
+    @property
+    def ngram(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def min_depth(self) -> int: ...
+    @property
+    def match_length(self) -> int:
+        """Depth of the current match state (length of the longest indexed context suffix)."""
+
+    def __len__(self) -> int:
+        """Live nodes, root excluded."""
+
+    def extend(self, tokens: TokenArray) -> None:
+        """Append tokens to the context and count every new substring of length 1..ngram."""
+
+    def new_sequence(self) -> None:
+        """Start a new request: later substrings never span this boundary; the index is kept."""
+
+    def clear(self) -> None:
+        """Forget everything."""
+
+    def count(self, pattern: TokenArray) -> int:
+        """Occurrences of ``pattern`` (1 <= len <= ngram) in the context (never above the truth)."""
+
+    def retrieve(self, next_token: int, budget: int) -> DraftTree:
+        """The retrieval tree rooted at ``next_token`` with at most ``budget`` nodes (root included)."""
+
+    def memory_bytes(self) -> int: ...
+    def check_integrity(self) -> None:
+        """Raise ``RuntimeError`` if any internal invariant is broken (slow; for tests)."""
+
+@final
+class LogitsTable:
+    """The copy-logit table: per token id, the target's top-k next tokens at its latest occurrence."""
+
+    def __new__(cls, vocab_size: int, top_k: int = 8) -> LogitsTable: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def top_k(self) -> int: ...
+    def __len__(self) -> int:
+        """Number of rows that have been written."""
+
+    def update(self, tokens: TokenArray, topk_ids: npt.NDArray[np.int32] | npt.NDArray[np.int64]) -> None:
+        """For i in order, row ``tokens[i]`` := ``topk_ids[i]`` (``[n]`` and ``[n, k]``); last write wins."""
+
+    def row(self, token: int) -> npt.NDArray[np.int32] | None: ...
+    def clear(self) -> None: ...
+    def expand(self, root: int, budget: int, exempt_depth: int = 1) -> DraftTree:
+        """Breadth-halving logits tree of at most ``budget`` nodes rooted at ``root``."""
+
+    def expand_static(self, root: int, parents: TokenArray, ranks: TokenArray) -> DraftTree:
+        """Fill a static tree template: node i is rank ``ranks[i]`` of its parent's row.
+
+        Nodes whose parent row was never written (or duplicates of a sibling) are dropped
+        with their descendants. ``parents[0]`` must be ``-1`` (the root).
+        """
+
+def build_draft_tree(
+    automaton: Automaton,
+    table: LogitsTable,
+    next_token: int,
+    capacity: int = 64,
+    *,
+    use_retrieval: bool = True,
+    use_logits: bool = True,
+    draft_chain: TokenArray | None = None,
+    exempt_depth: int = 1,
+) -> DraftTree:
+    """RACER's draft tree: ``draft_chain`` (if any) first, then retrieval paths, then the logits
+    tree fills what is left. The budget is charged after merging, so the tree has exactly
+    ``min(capacity, available)`` nodes, root included.
+    """
+
+def prompt_lookup(
+    context: TokenArray, *, max_ngram: int = 3, min_ngram: int = 1, num_pred: int = 10
+) -> npt.NDArray[np.int32]:
+    """Prompt lookup decoding: find the most recent earlier occurrence of the longest context
+    suffix n-gram (``max_ngram`` down to ``min_ngram``) and return up to ``num_pred`` tokens
+    that followed it (empty if none).
+    """
