@@ -1,0 +1,271 @@
+"""The TTS distillation loss over one verified canvas, and one optimiser step on it.
+
+A canvas is what one speculation round drafted and the target verified: the root token ``x_0``
+followed by the drafted tokens ``y_1..y_C``. Row ``i`` of the target's verification logits and row
+``i`` of the draft's logits on the same canvas both predict the token after canvas input ``i``, so
+the rows line up one to one (tts.md 2.4, pitfall 1). The loss is
+
+    L = sum_i w_i m_i KL(p_i || q_i) / sum_i w_i m_i  +  lam * sum_i w_i m_i KL(q_ref_i || q_i) / sum_i w_i m_i
+
+with ``p`` the target, ``q`` the draft being trained, ``q_ref`` the ORIGINAL draft (tts.md 2.3: a
+reference equal to the current weights has zero gradient for one step), ``w`` position weights
+and ``m`` the validity mask (``full_canvas`` keeps every row; ``on_trajectory`` keeps rows whose
+prefix was accepted, i.e. ``i <= n_accepted``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+MASK_MODES = ("full_canvas", "on_trajectory")
+WEIGHT_SCHEMES = ("exp", "uniform")
+
+KVPrefix = tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Hyper-parameters of the online distillation.
+
+    Attributes:
+        lr: Adam learning rate.
+        lam: weight of the ``KL(q_ref || q)`` regulariser towards the original draft (0 disables).
+        position_weights: ``"exp"`` (``w_i = exp(-i / gamma)``), ``"uniform"``, or explicit
+            per-row weights (rows beyond the sequence reuse its last value).
+        gamma: decay length of the ``"exp"`` weights, in rows.
+        mask: ``"full_canvas"`` or ``"on_trajectory"``.
+        betas: Adam betas.
+        eps: Adam epsilon.
+    """
+
+    lr: float = 1e-3
+    lam: float = 0.0
+    position_weights: str | tuple[float, ...] = "exp"
+    gamma: float = 4.0
+    mask: str = "full_canvas"
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr!r}")
+        if not (isinstance(self.lam, (int, float)) and math.isfinite(self.lam) and self.lam >= 0):
+            raise ValueError(f"lam must be a finite number >= 0, got {self.lam!r}")
+        if isinstance(self.position_weights, str):
+            if self.position_weights not in WEIGHT_SCHEMES:
+                raise ValueError(
+                    f"position_weights must be one of {WEIGHT_SCHEMES} or a sequence of floats, "
+                    f"got {self.position_weights!r}"
+                )
+        else:
+            values = tuple(float(v) for v in self.position_weights)
+            if not values or any(not math.isfinite(v) or v < 0 for v in values) or not any(values):
+                raise ValueError("position_weights must be non-negative finite floats, not all zero")
+            object.__setattr__(self, "position_weights", values)
+        if not (isinstance(self.gamma, (int, float)) and self.gamma > 0):
+            raise ValueError(f"gamma must be > 0, got {self.gamma!r}")
+        if self.mask not in MASK_MODES:
+            raise ValueError(f"mask must be one of {MASK_MODES}, got {self.mask!r}")
+
+
+@dataclass
+class Canvas:
+    """One verified canvas: the training example of one update.
+
+    Attributes:
+        prefix: the draft's KV cache of the committed context before the canvas, one
+            ``(keys, values)`` pair of ``[1, heads, P, head_dim]`` per layer (treated as constants).
+        input_ids: ``[n]`` canvas tokens, root first.
+        teacher_logits: ``[n, V]`` processed target logits; row ``i`` predicts the token after
+            ``input_ids[i]``. May contain ``-inf`` (top-k / top-p truncation).
+        n_accepted: drafted tokens the target accepted in this round.
+        temperature: the draft's logits are divided by it (1.0 for greedy decoding).
+    """
+
+    prefix: KVPrefix
+    input_ids: torch.Tensor
+    teacher_logits: torch.Tensor
+    n_accepted: int
+    temperature: float = 1.0
+
+
+def position_weights(n_rows: int, config: DistillConfig, device: torch.device | None = None) -> torch.Tensor:
+    """Per-row weights ``w_i`` for ``i = 0..n_rows-1`` (float32)."""
+    rows = torch.arange(n_rows, dtype=torch.float32, device=device)
+    if config.position_weights == "exp":
+        return torch.exp(-rows / config.gamma)
+    if config.position_weights == "uniform":
+        return torch.ones(n_rows, dtype=torch.float32, device=device)
+    values = list(config.position_weights)
+    values += [values[-1]] * max(0, n_rows - len(values))
+    return torch.tensor(values[:n_rows], dtype=torch.float32, device=device)
+
+
+def canvas_mask(n_rows: int, n_accepted: int, mode: str, device: torch.device | None = None) -> torch.Tensor:
+    """Validity mask ``m_i``: every row, or the rows whose whole prefix was accepted."""
+    if mode == "full_canvas":
+        return torch.ones(n_rows, dtype=torch.float32, device=device)
+    if mode == "on_trajectory":
+        return (torch.arange(n_rows, device=device) <= n_accepted).to(torch.float32)
+    raise ValueError(f"mask must be one of {MASK_MODES}, got {mode!r}")
+
+
+def row_weights(canvas: Canvas, config: DistillConfig) -> torch.Tensor:
+    """``w_i * m_i`` for every row of ``canvas``."""
+    n_rows = canvas.input_ids.shape[0]
+    device = canvas.teacher_logits.device
+    weights = position_weights(n_rows, config, device)
+    return weights * canvas_mask(n_rows, canvas.n_accepted, config.mask, device)
+
+
+def _as_autograd_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    # Tensors made under torch.inference_mode() cannot be saved for backward (tts.md pitfall 11).
+    return tensor.clone() if tensor.is_inference() else tensor.detach()
+
+
+def canvas_logits(model: nn.Module, canvas: Canvas) -> torch.Tensor:
+    """The draft's temperature-scaled logits ``[n, V]`` (float32) on the canvas given its KV prefix.
+
+    Differentiable with respect to ``model``'s parameters when grad mode is on; the prefix is a
+    constant (the cached history is not recomputed with the new weights).
+    """
+    from transformers import DynamicCache
+
+    input_ids = canvas.input_ids.reshape(1, -1).to(torch.long)
+    n_prefix = canvas.prefix[0][0].shape[-2] if canvas.prefix else 0
+    cache = DynamicCache()
+    for layer, (keys, values) in enumerate(canvas.prefix):
+        cache.update(_as_autograd_tensor(keys), _as_autograd_tensor(values), layer)
+    positions = torch.arange(n_prefix, n_prefix + input_ids.shape[1], device=input_ids.device)
+    out = model(
+        input_ids=_as_autograd_tensor(input_ids),
+        cache=cache,
+        position_ids=positions.unsqueeze(0),
+        use_cache=True,
+    )
+    return out.logits[0].float() / canvas.temperature
+
+
+def distill_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    weights: torch.Tensor,
+    lam: float = 0.0,
+    reference_logits: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The weighted canvas loss (see the module docstring).
+
+    Args:
+        student_logits: ``[n, V]`` draft logits (full vocabulary, finite).
+        teacher_logits: ``[n, V]`` target logits (may hold ``-inf``), detached.
+        weights: ``[n]`` ``w_i * m_i``.
+        lam: regulariser weight.
+        reference_logits: ``[n, V]`` original-draft logits, required when ``lam > 0``.
+
+    Returns:
+        The scalar loss (float32).
+    """
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(
+            f"student_logits {tuple(student_logits.shape)} and teacher_logits "
+            f"{tuple(teacher_logits.shape)} must have the same shape"
+        )
+    log_q = torch.log_softmax(student_logits.float(), dim=-1)
+    norm = weights.sum().clamp_min(1e-12)
+    p = torch.softmax(teacher_logits.detach().float(), dim=-1)
+    # xlogy: rows with p_v = 0 (truncated teacher) contribute nothing instead of 0 * -inf.
+    kl = (torch.xlogy(p, p) - p * log_q).sum(-1)
+    loss = (weights * kl).sum() / norm
+    if lam > 0:
+        if reference_logits is None:
+            raise ValueError("reference_logits is required when lam > 0")
+        log_r = torch.log_softmax(reference_logits.detach().float(), dim=-1)
+        kl_ref = (log_r.exp() * (log_r - log_q)).sum(-1)
+        loss = loss + lam * (weights * kl_ref).sum() / norm
+    return loss
+
+
+def make_optimizer(params: Iterable[nn.Parameter], config: DistillConfig) -> torch.optim.Adam:
+    """The Adam optimiser of one request (its state lives as long as the request)."""
+    return torch.optim.Adam(list(params), lr=config.lr, betas=config.betas, eps=config.eps)
+
+
+def distill_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    canvas: Canvas,
+    config: DistillConfig,
+    reference: nn.Module | None = None,
+) -> float:
+    """One optimiser step of ``model`` on ``canvas``; returns the loss before the step.
+
+    Args:
+        model: the draft being trained (its frozen parameters have ``requires_grad=False``).
+        optimizer: the optimiser over ``model``'s trainable parameters.
+        canvas: the training example.
+        config: hyper-parameters.
+        reference: the original draft, needed when ``config.lam > 0``.
+    """
+    with torch.inference_mode(False), torch.enable_grad():
+        reference_logits = None
+        if config.lam > 0:
+            if reference is None:
+                raise ValueError("reference model is required when lam > 0")
+            with torch.no_grad():
+                reference_logits = canvas_logits(reference, canvas)
+        logits = canvas_logits(model, canvas)
+        weights = row_weights(canvas, config)
+        loss = distill_loss(logits, canvas.teacher_logits, weights, config.lam, reference_logits)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return float(loss.detach())
+
+
+def trainable_parameter_names(
+    model: nn.Module,
+    trainable: str | Sequence[str] = "all",
+    shared_with: nn.Module | None = None,
+) -> list[str]:
+    """Names of the draft parameters that TTS may update.
+
+    Args:
+        model: the draft.
+        trainable: ``"all"``, ``"no_embeddings"`` (input embeddings and LM head frozen) or a
+            sequence of parameter-name prefixes.
+        shared_with: the target; any draft parameter that shares storage with one of its
+            tensors (embeddings / LM head tied to the target) is always frozen, since updating it
+            would change the target and break losslessness.
+
+    Raises:
+        ValueError: if ``trainable`` is unknown or selects no parameter.
+    """
+    shared: set[int] = set()
+    if shared_with is not None:
+        shared = {t.untyped_storage().data_ptr() for t in shared_with.parameters()}
+        shared |= {t.untyped_storage().data_ptr() for t in shared_with.buffers()}
+    frozen_ids: set[int] = set()
+    if trainable == "no_embeddings":
+        for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+            if module is not None:
+                frozen_ids |= {id(p) for p in module.parameters()}
+    elif isinstance(trainable, str) and trainable != "all":
+        raise ValueError(
+            f"trainable must be 'all', 'no_embeddings' or a sequence of parameter-name prefixes, got {trainable!r}"
+        )
+    prefixes = None if isinstance(trainable, str) else tuple(trainable)
+    names = []
+    for name, param in model.named_parameters():
+        if id(param) in frozen_ids or param.untyped_storage().data_ptr() in shared:
+            continue
+        if prefixes is not None and not name.startswith(prefixes):
+            continue
+        names.append(name)
+    if not names:
+        raise ValueError(f"trainable={trainable!r} selects no trainable parameter of the draft")
+    return names

@@ -1,0 +1,320 @@
+"""Tests of Test-Time Speculation: the distillation step, the update worker, and the tts methods."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from racer_rs.tts.distill import (  # noqa: E402
+    Canvas,
+    DistillConfig,
+    canvas_logits,
+    distill_loss,
+    distill_step,
+    make_optimizer,
+    row_weights,
+    trainable_parameter_names,
+)
+from racer_rs.tts.worker import THREAD_NAME_PREFIX, UpdateWorker  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+VOCAB = 96
+
+
+def tiny_llama(seed: int, hidden: int = 32, layers: int = 2, vocab: int = VOCAB) -> torch.nn.Module:
+    """A seeded random float32 Llama causal LM."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def make_canvas(draft: torch.nn.Module, seed: int = 0, n_prefix: int = 12, n_canvas: int = 6) -> Canvas:
+    """A canvas drafted after a random prefix, with a random teacher."""
+    gen = torch.Generator().manual_seed(seed)
+    prefix_ids = torch.randint(0, VOCAB, (1, n_prefix), generator=gen)
+    with torch.no_grad():
+        out = draft(input_ids=prefix_ids, use_cache=True)
+    prefix = tuple((layer.keys, layer.values) for layer in out.past_key_values.layers)
+    teacher = 3.0 * torch.randn(n_canvas, VOCAB, generator=gen)
+    return Canvas(
+        prefix=prefix,
+        input_ids=torch.randint(0, VOCAB, (n_canvas,), generator=gen),
+        teacher_logits=teacher,
+        n_accepted=2,
+    )
+
+
+def canvas_loss(model: torch.nn.Module, canvas: Canvas, config: DistillConfig) -> float:
+    with torch.no_grad():
+        return float(distill_loss(canvas_logits(model, canvas), canvas.teacher_logits, row_weights(canvas, config)))
+
+
+def trainable_params(model: torch.nn.Module, names: list[str]) -> list[torch.nn.Parameter]:
+    params = dict(model.named_parameters())
+    for name, param in params.items():
+        param.requires_grad_(name in names)
+    return [params[name] for name in names]
+
+
+def distance(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    return sum(float((pa - pb).detach().pow(2).sum()) for pa, pb in zip(a.parameters(), b.parameters(), strict=True)) ** 0.5
+
+
+# --- distillation -----------------------------------------------------------------------------
+
+
+def test_canvas_logits_align_with_full_forward() -> None:
+    draft = tiny_llama(1)
+    canvas = make_canvas(draft)
+    gen = torch.Generator().manual_seed(0)
+    prefix_ids = torch.randint(0, VOCAB, (1, 12), generator=gen)  # same draw as make_canvas
+    full = torch.cat([prefix_ids, canvas.input_ids[None]], dim=1)
+    with torch.no_grad():
+        expected = draft(input_ids=full).logits[0, 12:]
+        got = canvas_logits(draft, canvas)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_loss_gradient_matches_analytic_form() -> None:
+    gen = torch.Generator().manual_seed(3)
+    z = torch.randn(5, VOCAB, generator=gen, requires_grad=True)
+    teacher = torch.randn(5, VOCAB, generator=gen)
+    teacher[:, :10] = float("-inf")  # a truncated teacher must not produce NaNs
+    weights = torch.tensor([1.0, 0.5, 0.25, 0.0, 0.1])
+    distill_loss(z, teacher, weights).backward()
+    p = torch.softmax(teacher, -1)
+    expected = weights[:, None] / weights.sum() * (torch.softmax(z.detach(), -1) - p)
+    torch.testing.assert_close(z.grad, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_reference_term_has_zero_gradient_at_its_reference_and_not_elsewhere() -> None:
+    gen = torch.Generator().manual_seed(4)
+    ref = torch.randn(4, VOCAB, generator=gen)
+    teacher = torch.randn(4, VOCAB, generator=gen)
+    weights = torch.ones(4)
+    grads = []
+    for lam in (0.0, 2.0):
+        z = ref.clone().requires_grad_(True)
+        distill_loss(z, teacher, weights, lam, ref).backward()
+        grads.append(z.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+    z = (ref + torch.randn(4, VOCAB, generator=gen)).requires_grad_(True)
+    distill_loss(z, teacher, weights, 2.0, ref).backward()
+    moved = z.grad.clone()
+    z.grad = None
+    distill_loss(z, teacher, weights, 0.0, ref).backward()
+    assert not torch.allclose(moved, z.grad)
+
+
+def test_on_trajectory_mask_ignores_rows_after_rejection() -> None:
+    draft = tiny_llama(2)
+    canvas = make_canvas(draft)
+    config = DistillConfig(mask="on_trajectory")
+    assert row_weights(canvas, config).nonzero().flatten().tolist() == [0, 1, 2]
+    before = canvas_loss(draft, canvas, config)
+    canvas.teacher_logits[3:] = torch.randn_like(canvas.teacher_logits[3:])
+    assert canvas_loss(draft, canvas, config) == pytest.approx(before, rel=1e-6)
+    full = DistillConfig(mask="full_canvas")
+    assert row_weights(canvas, full).nonzero().numel() == canvas.input_ids.numel()
+
+
+def test_step_lowers_loss_on_its_canvas() -> None:
+    draft = tiny_llama(5)
+    canvas = make_canvas(draft, seed=1)
+    config = DistillConfig(lr=3e-3)
+    names = trainable_parameter_names(draft, "all")
+    optimizer = make_optimizer(trainable_params(draft, names), config)
+    before = distill_step(draft, optimizer, canvas, config)
+    assert before == pytest.approx(canvas_loss(tiny_llama(5), canvas, config), rel=1e-5)
+    after = canvas_loss(draft, canvas, config)
+    assert after < before
+
+
+def test_step_works_on_inference_mode_tensors() -> None:
+    draft = tiny_llama(6)
+    with torch.inference_mode():
+        canvas = make_canvas(draft, seed=2)
+    config = DistillConfig(lr=3e-3)
+    optimizer = make_optimizer(trainable_params(draft, trainable_parameter_names(draft)), config)
+    before = distill_step(draft, optimizer, canvas, config)
+    assert canvas_loss(draft, canvas, config) < before
+
+
+def test_lambda_keeps_weights_closer_to_the_original() -> None:
+    original = tiny_llama(7)
+    canvas = make_canvas(original, seed=3)
+    distances = {}
+    for lam in (0.0, 4.0):
+        config = DistillConfig(lr=1e-2, lam=lam)
+        draft = tiny_llama(7)
+        optimizer = make_optimizer(trainable_params(draft, trainable_parameter_names(draft)), config)
+        for _ in range(8):
+            distill_step(draft, optimizer, canvas, config, reference=original)
+        distances[lam] = distance(draft, original)
+    assert 0 < distances[4.0] < distances[0.0]
+
+
+def test_frozen_parameters_stay_bit_identical() -> None:
+    draft = tiny_llama(8)
+    original = tiny_llama(8)
+    canvas = make_canvas(draft, seed=4)
+    config = DistillConfig(lr=1e-2)
+    names = trainable_parameter_names(draft, "no_embeddings")
+    assert "model.embed_tokens.weight" not in names and names
+    optimizer = make_optimizer(trainable_params(draft, names), config)
+    for _ in range(3):
+        distill_step(draft, optimizer, canvas, config)
+    trained = dict(draft.named_parameters())
+    for name, param in original.named_parameters():
+        if name in names:
+            assert not torch.equal(trained[name], param), name
+        else:
+            assert torch.equal(trained[name], param), name
+
+
+def test_parameters_shared_with_the_target_are_never_trainable() -> None:
+    target = tiny_llama(9)
+    draft = tiny_llama(10)
+    draft.model.embed_tokens.weight = target.model.embed_tokens.weight  # borrowed, tied to the target
+    names = trainable_parameter_names(draft, "all", shared_with=target)
+    assert "model.embed_tokens.weight" not in names
+    assert "model.layers.0.self_attn.q_proj.weight" in names
+    assert trainable_parameter_names(draft, ["model.norm"]) == ["model.norm.weight"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "word"),
+    [
+        ({"lr": 0.0}, "lr"),
+        ({"lam": -1.0}, "lam"),
+        ({"mask": "bogus"}, "mask"),
+        ({"position_weights": "bogus"}, "position_weights"),
+        ({"position_weights": (0.0, 0.0)}, "position_weights"),
+        ({"gamma": 0.0}, "gamma"),
+    ],
+)
+def test_config_rejects_bad_values(kwargs: dict, word: str) -> None:
+    with pytest.raises(ValueError, match=word):
+        DistillConfig(**kwargs)
+
+
+def test_trainable_rejects_bad_values() -> None:
+    draft = tiny_llama(11)
+    with pytest.raises(ValueError, match="trainable"):
+        trainable_parameter_names(draft, "bogus")
+    with pytest.raises(ValueError, match="trainable"):
+        trainable_parameter_names(draft, ["no.such.prefix"])
+
+
+# --- update worker ----------------------------------------------------------------------------
+
+
+class Counter:
+    """A toy model: step adds the job to a shadow value, publish copies it to the served value."""
+
+    def __init__(self, fail_on: int | None = None, delay: float = 0.0) -> None:
+        self.shadow = 0
+        self.served = 0
+        self.log: list[str] = []
+        self.fail_on = fail_on
+        self.delay = delay
+
+    def step(self, job: int) -> float:
+        time.sleep(self.delay)
+        if job == self.fail_on:
+            raise RuntimeError(f"boom on {job}")
+        self.shadow += job
+        self.log.append(f"step {job}")
+        return float(job)
+
+    def publish(self) -> None:
+        self.served = self.shadow
+        self.log.append(f"publish {self.served}")
+
+
+def worker_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME_PREFIX)]
+
+
+def test_sync_worker_publishes_each_update_at_once() -> None:
+    toy = Counter()
+    worker = UpdateWorker(toy.step, toy.publish, asynchronous=False)
+    for job in (1, 2, 4):
+        worker.submit(job)
+        assert not worker.in_flight
+    assert toy.served == 7
+    assert toy.log == ["step 1", "publish 1", "step 2", "publish 3", "step 4", "publish 7"]
+    worker.close()
+    assert worker.stats()["updates"] == 3 and worker.stats()["overlapped_time"] == 0.0
+    assert not worker_threads()
+
+
+def test_async_worker_publishes_at_the_next_boundary_exactly_once() -> None:
+    toy = Counter(delay=0.01)
+    worker = UpdateWorker(toy.step, toy.publish, asynchronous=True)
+    jobs = [1, 2, 4, 8, 16]
+    served_at_boundaries = []
+    for job in jobs:
+        worker.submit(job)
+        served_at_boundaries.append(toy.served)
+        time.sleep(0.03)  # the update finishes during "decoding" but is not published yet
+        assert toy.served == served_at_boundaries[-1]
+    # At boundary r the update of boundary r-1 is published (and nothing newer).
+    assert served_at_boundaries == [0, 1, 3, 7, 15]
+    worker.close()
+    assert toy.served == 31
+    stats = worker.stats()
+    assert stats["updates"] == stats["submitted"] == len(jobs)
+    assert toy.log.count("publish 31") == 1 and len([e for e in toy.log if e.startswith("publish")]) == 5
+    assert stats["update_time"] > 0 and stats["overlapped_time"] > 0
+    assert not worker_threads()
+
+
+def test_async_worker_surfaces_errors_and_shuts_down() -> None:
+    toy = Counter(fail_on=2)
+    worker = UpdateWorker(toy.step, toy.publish, asynchronous=True)
+    worker.submit(1)
+    worker.submit(2)
+    with pytest.raises(RuntimeError, match="boom on 2"):
+        worker.submit(3)
+    assert toy.served == 1
+    worker.close(discard=True)
+    assert not worker_threads()
+    with pytest.raises(RuntimeError, match="after close"):
+        worker.submit(4)
+    worker.close()  # idempotent
+
+
+def test_async_worker_close_raises_pending_error_and_still_stops() -> None:
+    toy = Counter(fail_on=5)
+    worker = UpdateWorker(toy.step, toy.publish, asynchronous=True)
+    worker.submit(5)
+    with pytest.raises(RuntimeError, match="boom on 5"):
+        worker.close()
+    assert not worker_threads()
+    assert worker.stats()["updates"] == 0
+
+
+def test_async_worker_discard_drops_the_update_in_flight() -> None:
+    toy = Counter(delay=0.01)
+    worker = UpdateWorker(toy.step, toy.publish, asynchronous=True)
+    worker.submit(1)
+    worker.submit(2)
+    worker.close(discard=True)
+    assert toy.served == 1 and worker.stats()["updates"] == 1
+    assert not worker_threads()
