@@ -1,0 +1,65 @@
+"""Drafting methods and their registry.
+
+``METHODS`` maps a method name to ``"module:factory"``; modules are imported only when their
+method is requested, so a method whose module is missing fails only when it is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from racer_rs.drafters.base import Drafter
+
+METHODS: dict[str, str] = {
+    "ar": "racer_rs.drafters.ar:AutoregressiveDrafter",
+    "pld": "racer_rs.drafters.pld:PromptLookupDrafter",
+    "token_recycling": "racer_rs.drafters.token_recycling:TokenRecyclingDrafter",
+    "racer": "racer_rs.drafters.racer:RacerDrafter",
+    "racer_retrieval": "racer_rs.drafters.racer:racer_retrieval",
+    "racer_logits": "racer_rs.drafters.racer:racer_logits",
+    "draft_model": "racer_rs.drafters.draft_model:make_drafter",
+    "tts": "racer_rs.drafters.tts:make_drafter",
+    "racer_tts": "racer_rs.drafters.racer_tts:make_drafter",
+}
+
+
+def available_methods() -> list[str]:
+    """Names of every registered method (their modules are not imported)."""
+    return list(METHODS)
+
+
+def make_drafter(method: str, model: Any, **options: Any) -> Drafter:
+    """Build the drafter of ``method`` for ``model``.
+
+    Args:
+        method: a name from :data:`METHODS`.
+        model: the target model (some drafters read its config or use it directly).
+        **options: the method's keyword options.
+
+    Raises:
+        ValueError: unknown method or an option the method does not take.
+        TypeError: ``method`` is not a string.
+    """
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a string, got {type(method).__name__}")
+    if method not in METHODS:
+        raise ValueError(f"method: unknown method {method!r}; available: {', '.join(METHODS)}")
+    module_name, factory_name = METHODS[method].split(":")
+    factory = getattr(importlib.import_module(module_name), factory_name)
+    _check_options(method, factory, options)
+    return factory(model, **options)
+
+
+def _check_options(method: str, factory: Any, options: dict[str, Any]) -> None:
+    parameters = inspect.signature(factory).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return  # the factory validates its own options
+    accepted = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL} - {"model"}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {', '.join(unknown)} for method {method!r}; accepted: {', '.join(sorted(accepted)) or 'none'}"
+        )

@@ -1,0 +1,203 @@
+"""Logits processing and lossless acceptance sampling.
+
+The processed target distribution is the one a plain sampler draws from: logits divided by the
+temperature, then the top-k filter, then the top-p (nucleus) filter, as in transformers'
+``TemperatureLogitsWarper``/``TopKLogitsWarper``/``TopPLogitsWarper``.
+:func:`process_logits` is that definition (it sorts the vocabulary).
+
+Verification needs one sample per tree node from that distribution. Sorting every node's row
+is far slower than the model forward of a small model, so :func:`sample_nodes` draws one
+candidate per node from the temperature distribution and checks, without sorting, whether it
+survives the filters. A candidate that does not is flagged; the engine redraws it with
+:func:`resample_node` only if the acceptance walk visits that node. Rejection sampling with an
+exact fallback keeps the filtered distribution exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling settings of one request.
+
+    Attributes:
+        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+        top_p: nucleus threshold in (0, 1]; 1 disables the filter.
+        top_k: keep the k most probable tokens (ties with the k-th kept); 0 disables it.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            raise TypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):
+            raise TypeError(f"top_p must be a number, got {type(self.top_p).__name__}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise TypeError(f"top_k must be an int, got {type(self.top_k).__name__}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding takes the argmax."""
+        return self.temperature == 0.0
+
+    @property
+    def filtered(self) -> bool:
+        """True when a top-k or top-p filter removes tokens."""
+        return self.top_p < 1.0 or self.top_k > 0
+
+
+def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """The processed logits a plain sampler draws from (float32, filtered entries ``-inf``).
+
+    Args:
+        logits: ``[..., V]`` raw target logits.
+        config: the sampling settings; greedy settings return the logits unchanged.
+
+    Returns:
+        ``[..., V]`` float32 logits; ``softmax`` of them is the target distribution.
+    """
+    if config.greedy:
+        return logits
+    scores = logits.float() / config.temperature
+    vocab = scores.shape[-1]
+    if 0 < config.top_k < vocab:
+        kth = torch.topk(scores, config.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, -math.inf)
+    if config.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+        tail_mass = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = tail_mass <= 1.0 - config.top_p
+        remove_sorted[..., -1] = False  # always keep the most probable token
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        scores = scores.masked_fill(remove, -math.inf)
+    return scores
+
+
+def sample_plain(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Plain decoding's next token for every row: argmax, or a multinomial draw.
+
+    Args:
+        logits: ``[n, V]`` raw logits.
+        config: the sampling settings.
+        generator: random generator (``None``: torch's global one).
+
+    Returns:
+        ``int64[n]`` tokens.
+    """
+    if config.greedy:
+        return logits.argmax(dim=-1)
+    probs = process_logits(logits, config).softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _inverse_cdf(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row proportional to non-negative ``weights`` ``[n, V]``; ``int64[n]``."""
+    cdf = weights.cumsum(dim=-1)
+    u = torch.rand((weights.shape[0], 1), generator=generator, device=weights.device, dtype=cdf.dtype)
+    # right=True never lands on a zero-weight token: its cdf equals its predecessor's.
+    drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+    return drawn.clamp_(max=weights.shape[-1] - 1).squeeze(-1)
+
+
+def sample_nodes(
+    logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One sample per node from the processed distribution, without sorting the vocabulary.
+
+    Each node draws a candidate from the temperature distribution. When a filter is active,
+    a candidate is valid iff it survives it: fewer than ``top_k`` tokens are strictly more
+    probable, and their mass is below ``top_p`` times the mass kept by top-k. A valid
+    candidate is distributed exactly as a draw from the filtered distribution; an invalid
+    one must be replaced by :func:`resample_node` before it is used.
+
+    Args:
+        logits: ``[n, V]`` raw logits.
+        config: non-greedy sampling settings.
+        generator: random generator (``None``: torch's global one).
+
+    Returns:
+        ``(tokens int64[n], valid bool[n] or None)``; ``None`` when no filter is active.
+    """
+    scores = logits.float() / config.temperature
+    weights = (scores - scores.max(dim=-1, keepdim=True).values).exp_()
+    tokens = _inverse_cdf(weights, generator)
+    if not config.filtered:
+        return tokens, None
+    candidate_weight = weights.gather(1, tokens.unsqueeze(1))
+    above = weights > candidate_weight
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    kept_mass = weights.sum(dim=-1)
+    if 0 < config.top_k < weights.shape[-1]:
+        valid &= above.sum(dim=-1) < config.top_k
+        kept_mass = torch.topk(weights, config.top_k, dim=-1).values.sum(dim=-1)
+    if config.top_p < 1.0:
+        mass_above = (weights * above).sum(dim=-1)
+        valid &= mass_above < config.top_p * kept_mass
+    return tokens, valid
+
+
+def resample_node(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None = None) -> int:
+    """An exact draw from the processed distribution of one node (slow path).
+
+    Args:
+        logits: ``[V]`` raw logits of the node.
+        config: non-greedy sampling settings.
+        generator: random generator.
+
+    Returns:
+        The sampled token id.
+    """
+    probs = process_logits(logits.unsqueeze(0), config).softmax(dim=-1)
+    return int(_inverse_cdf(probs, generator)[0])
+
+
+def chain_speculative_sample(
+    target_logits: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    config: SamplingConfig,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Standard speculative sampling over a chain of drafted tokens.
+
+    Draft token ``i`` (drawn from ``q_i``) is accepted with probability
+    ``min(1, p_i(x) / q_i(x))``; at the first rejection the output token is drawn from the
+    residual ``max(0, p_i - q_i)`` (normalised); if every draft is accepted it is drawn from
+    the last node's ``p``. The output is distributed exactly as plain sampling.
+
+    Args:
+        target_logits: ``[n, V]`` raw target logits of the chain's nodes (root first).
+        draft_probs: ``[n - 1, V]`` draft distributions of nodes ``1..n-1``.
+        draft_tokens: ``int64[n - 1]`` tokens of nodes ``1..n-1``.
+        config: non-greedy sampling settings.
+        generator: random generator.
+
+    Returns:
+        ``int64[2]`` on the logits' device: number of accepted drafts, then the next token.
+    """
+    p = process_logits(target_logits, config).softmax(dim=-1)
+    q = draft_probs.to(device=p.device, dtype=p.dtype)
+    index = draft_tokens.view(-1, 1)
+    p_drafted = p[:-1].gather(1, index).squeeze(1)
+    q_drafted = q.gather(1, index).squeeze(1)
+    u = torch.rand(p_drafted.shape, generator=generator, device=p.device, dtype=p.dtype)
+    accepted = (u * q_drafted < p_drafted).long().cumprod(dim=0).sum().reshape(1)
+    residual = (p[:-1] - q).clamp_(min=0.0)
+    empty = residual.sum(dim=-1, keepdim=True) <= 0
+    residual = torch.where(empty, p[:-1], residual)  # only reachable through rounding
+    candidates = _inverse_cdf(torch.cat([residual, p[-1:]]), generator)
+    return torch.cat([accepted, candidates.gather(0, accepted)])

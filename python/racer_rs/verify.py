@@ -1,0 +1,185 @@
+"""Tree verification for stock transformers causal LMs (no patched modeling code).
+
+The target scores a whole draft tree in one forward pass over its ``n`` nodes: each node sits
+at position ``L + depth`` and attends to the whole prefix plus its own ancestors, through an
+additive 4D attention mask ``[1, 1, n, L + n]``. The prefix lives in a ``DynamicCache``; after
+acceptance the accepted nodes' K/V rows of every layer are gathered into place and the cache
+is cropped, so the prefix is never recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+PREFILL_CHUNK = 512
+"""Prompt positions per LM-head chunk when computing the prompt's top-k ids."""
+
+
+def check_model(model: Any) -> None:
+    """Raise a clear error unless ``model`` is a decoder-only transformers causal LM.
+
+    Raises:
+        TypeError: if ``model`` is not a ``PreTrainedModel`` with an LM head.
+        NotImplementedError: for encoder-decoder models, or models whose cache is not a plain
+            per-layer key/value cache (sliding-window, linear-attention or state-space layers
+            cannot be compacted by row gathering).
+    """
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
+    if model.config.is_encoder_decoder:
+        raise NotImplementedError(f"model: encoder-decoder models ({type(model).__name__}) are not supported")
+    if not model.can_generate() or model.get_output_embeddings() is None:
+        raise TypeError(f"model must be a causal LM with an LM head (e.g. *ForCausalLM), got {type(model).__name__}")
+    unsupported = _unsupported_cache_layers(DynamicCache(config=model.config))
+    if unsupported:
+        raise NotImplementedError(
+            f"model: {type(model).__name__} uses {', '.join(sorted(unsupported))} cache layers; "
+            "tree verification needs full-attention key/value caches"
+        )
+
+
+def _unsupported_cache_layers(cache: DynamicCache) -> set[str]:
+    return {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
+
+
+def model_window(model: PreTrainedModel) -> int | None:
+    """The model's context window (``max_position_embeddings``), or ``None`` if it has none."""
+    window = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    return int(window) if window else None
+
+
+@dataclass
+class PrefillOutput:
+    """What the prompt's forward pass yields.
+
+    Attributes:
+        last_logits: ``[V]`` raw logits at the last prompt position.
+        prompt_topk: ``int32[L, k]`` top-k ids at every prompt position, or ``None`` (k = 0).
+    """
+
+    last_logits: torch.Tensor
+    prompt_topk: np.ndarray | None
+
+
+class TreeVerifier:
+    """Owns one request's KV cache and runs the target over the prompt and draft trees.
+
+    Attributes:
+        model: the target.
+        device: where the target's parameters live.
+        dtype: the target's parameter dtype (the attention mask uses it).
+        length: number of committed tokens whose K/V rows are in the cache.
+        cache: the request's KV cache.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        check_model(model)
+        self.model = model
+        parameter = next(model.parameters())
+        self.device = parameter.device
+        self.dtype = parameter.dtype
+        self._mask_min = torch.finfo(self.dtype).min
+        self.length = 0
+        self.cache = DynamicCache(config=model.config)
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: np.ndarray, topk: int = 0, chunk: int = PREFILL_CHUNK) -> PrefillOutput:
+        """Run the prompt through the target and fill the cache.
+
+        With ``topk > 0`` the prompt positions but the last go through the decoder alone and
+        the LM head runs in chunks of ``chunk`` rows keeping only top-k ids, so an ``L x V``
+        logits tensor never exists. The last position always goes through the full model, so
+        its logits include any output scaling the model applies.
+
+        Args:
+            prompt_ids: ``int32[L]`` prompt, ``L >= 1``.
+            topk: number of top ids to keep per prompt position (0: none).
+            chunk: LM-head rows per chunk.
+
+        Returns:
+            The last position's logits and, if asked, the prompt's top-k ids.
+        """
+        self.cache = DynamicCache(config=self.model.config)
+        ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).unsqueeze(0)
+        rows: list[torch.Tensor] = []
+        if topk > 0 and ids.shape[1] > 1:
+            # The LM head is a monotone map away from the logits for every supported family
+            # (at most a positive scale or soft-cap follows it), so top-k ids are exact.
+            hidden = self.model.base_model(input_ids=ids[:, :-1], cache=self.cache, use_cache=True).last_hidden_state[0]
+            lm_head = self.model.get_output_embeddings()
+            for start in range(0, hidden.shape[0], chunk):
+                rows.append(torch.topk(lm_head(hidden[start : start + chunk]), topk, dim=-1).indices)
+            last = self.model(input_ids=ids[:, -1:], cache=self.cache, use_cache=True).logits[0, -1]
+        else:
+            last = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        prompt_topk = None
+        if topk > 0:
+            rows.append(torch.topk(last, topk).indices.unsqueeze(0))
+            prompt_topk = torch.cat(rows).to(device="cpu", dtype=torch.int32).numpy()
+        self.length = int(ids.shape[1])
+        return PrefillOutput(last_logits=last, prompt_topk=prompt_topk)
+
+    def tree_mask(self, ancestors: np.ndarray) -> torch.Tensor:
+        """The additive 4D mask ``[1, 1, n, L + n]``: 0 where attention is allowed.
+
+        Args:
+            ancestors: ``bool[n, n]``, row ``i`` marks the ancestors of node ``i`` and itself.
+        """
+        n = ancestors.shape[0]
+        mask = torch.zeros((1, 1, n, self.length + n), dtype=self.dtype, device=self.device)
+        blocked = torch.from_numpy(~ancestors).to(self.device)
+        mask[0, 0, :, self.length :].masked_fill_(blocked, self._mask_min)
+        return mask
+
+    @torch.inference_mode()
+    def forward_tree(self, tokens: np.ndarray, depths: np.ndarray, ancestors: np.ndarray) -> torch.Tensor:
+        """Score every node of a draft tree in one forward pass.
+
+        Appends the ``n`` nodes' K/V rows to the cache (they stay there until :meth:`commit`).
+
+        Args:
+            tokens: ``int32[n]`` node tokens in BFS order (root first).
+            depths: ``int32[n]`` node depths (root 0).
+            ancestors: ``bool[n, n]`` ancestor-or-self matrix.
+
+        Returns:
+            ``[n, V]`` raw logits; row ``i`` predicts the token after node ``i``.
+        """
+        ids = torch.from_numpy(np.asarray(tokens, dtype=np.int64)).to(self.device).unsqueeze(0)
+        if ids.shape[1] == 1:
+            # A lone root is plain decoding: let the model build its own (causal) mask.
+            return self.model(input_ids=ids, cache=self.cache, use_cache=True).logits[0]
+        positions = torch.from_numpy(np.asarray(depths, dtype=np.int64) + self.length).to(self.device).unsqueeze(0)
+        logits = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=self.tree_mask(ancestors),
+            cache=self.cache,
+            use_cache=True,
+        ).logits
+        return logits[0]
+
+    @torch.inference_mode()
+    def commit(self, path: np.ndarray) -> None:
+        """Keep the accepted nodes' K/V rows after the prefix and drop the rest.
+
+        Args:
+            path: accepted node indices, ascending and starting with the root (0).
+        """
+        accepted = len(path)
+        start = self.length
+        if int(path[-1]) != accepted - 1:  # not already contiguous after the prefix
+            rows = torch.from_numpy(np.asarray(path, dtype=np.int64) + start).to(self.device)
+            for layer in self.cache.layers:
+                layer.keys[:, :, start : start + accepted] = layer.keys.index_select(2, rows)
+                layer.values[:, :, start : start + accepted] = layer.values.index_select(2, rows)
+        self.length = start + accepted
+        surplus = self.cache.get_seq_length() - self.length
+        if surplus > 0:
+            self.cache.crop(-surplus)
