@@ -1,0 +1,124 @@
+"""Tiny randomly initialised causal LMs (float32, seeded) for engine tests.
+
+Every family the engine claims to support is built here from a config; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers import (
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PhiConfig,
+    PhiForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+VOCAB = 96
+WINDOW = 256
+
+
+def _llama(vocab: int) -> PreTrainedModel:
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=WINDOW,
+    )
+    return LlamaForCausalLM(config)
+
+
+def _qwen2(vocab: int) -> PreTrainedModel:
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=WINDOW,
+        use_sliding_window=False,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def _qwen3(vocab: int) -> PreTrainedModel:
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=WINDOW,
+    )
+    return Qwen3ForCausalLM(config)
+
+
+def _gpt_neox(vocab: int) -> PreTrainedModel:
+    config = GPTNeoXConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=WINDOW,
+        rotary_pct=0.5,
+    )
+    return GPTNeoXForCausalLM(config)
+
+
+def _phi(vocab: int) -> PreTrainedModel:
+    config = PhiConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=WINDOW,
+        partial_rotary_factor=0.5,
+    )
+    return PhiForCausalLM(config)
+
+
+FAMILIES: dict[str, Callable[[int], PreTrainedModel]] = {
+    "llama": _llama,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "gpt_neox": _gpt_neox,
+    "phi": _phi,
+}
+
+
+def tiny_model(family: str, seed: int = 0, vocab: int = VOCAB, sharpen: float = 1.0) -> PreTrainedModel:
+    """A seeded tiny model of ``family`` in float32 eval mode.
+
+    Args:
+        family: a key of :data:`FAMILIES`.
+        seed: initialisation seed.
+        vocab: vocabulary size.
+        sharpen: scales the output embeddings; values above 1 make the next-token
+            distribution peakier, so drafts get accepted more often in tests.
+    """
+    torch.manual_seed(seed)
+    model = FAMILIES[family](vocab).float().eval()
+    if sharpen != 1.0:
+        with torch.no_grad():
+            head = model.get_output_embeddings()
+            if model.config.tie_word_embeddings:
+                head.weight.mul_(sharpen)
+            else:
+                head.weight.mul_(sharpen)
+    return model
