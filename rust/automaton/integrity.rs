@@ -1,0 +1,140 @@
+//! Brute-force verification of every invariant of the automaton (slow; used by tests).
+#![forbid(unsafe_code)]
+
+use rustc_hash::FxHashSet;
+
+use super::{Automaton, NIL, ROOT, key};
+use crate::error::{Error, Result};
+
+fn fail(msg: String) -> Result<()> {
+    Err(Error::Integrity(msg))
+}
+
+impl Automaton {
+    /// The token string of node `v`, root first.
+    fn spell(&self, mut v: u32) -> Vec<u32> {
+        let mut s = Vec::new();
+        while v != ROOT {
+            s.push(self.nodes[v as usize].token);
+            v = self.nodes[v as usize].parent;
+        }
+        s.reverse();
+        s
+    }
+
+    /// Check parent/child links, counts, failure links (against a brute-force recomputation),
+    /// the LRU heap, the node budget and the match state.
+    ///
+    /// # Errors
+    /// `Integrity` naming the first broken invariant.
+    pub fn check_integrity(&self) -> Result<()> {
+        let alive: Vec<u32> = (1..self.nodes.len() as u32)
+            .filter(|&v| self.nodes[v as usize].alive)
+            .collect();
+        if alive.len() != self.live {
+            return fail(format!(
+                "live count {} but {} nodes alive",
+                self.live,
+                alive.len()
+            ));
+        }
+        if self.live > self.capacity {
+            return fail(format!(
+                "{} nodes exceed the capacity {}",
+                self.live, self.capacity
+            ));
+        }
+        if self.goto.len() != self.live {
+            return fail(format!(
+                "goto has {} entries for {} nodes",
+                self.goto.len(),
+                self.live
+            ));
+        }
+        let mut n_children = vec![0u32; self.nodes.len()];
+        let mut fail_in = vec![0u32; self.nodes.len()];
+        for &v in &alive {
+            let n = &self.nodes[v as usize];
+            let p = &self.nodes[n.parent as usize];
+            if !p.alive || p.depth + 1 != n.depth || n.depth as usize > self.ngram {
+                return fail(format!(
+                    "node {v}: bad parent {} or depth {}",
+                    n.parent, n.depth
+                ));
+            }
+            if self.goto.get(&key(n.parent, n.token)) != Some(&v) {
+                return fail(format!("node {v}: goto entry missing"));
+            }
+            if n.count == 0 || (n.parent != ROOT && p.count < n.count) {
+                return fail(format!(
+                    "node {v}: count {} vs parent count {}",
+                    n.count, p.count
+                ));
+            }
+            let expected = self.brute_force_fail(&self.spell(v));
+            if n.fail != expected {
+                return fail(format!(
+                    "node {v}: failure link {} but brute force gives {expected}",
+                    n.fail
+                ));
+            }
+            if n.fail != ROOT && self.nodes[n.fail as usize].count < n.count {
+                return fail(format!("node {v}: count exceeds its suffix's count"));
+            }
+            n_children[n.parent as usize] += 1;
+            fail_in[n.fail as usize] += 1;
+        }
+        for &v in &alive {
+            let n = &self.nodes[v as usize];
+            if n.n_children != n_children[v as usize] || n.fail_in != fail_in[v as usize] {
+                return fail(format!("node {v}: dependent counters out of date"));
+            }
+        }
+        for &u in alive.iter().chain(&[ROOT]) {
+            let (mut c, mut prev, mut seen) = (self.nodes[u as usize].first_child, NIL, 0);
+            while c != NIL {
+                let n = &self.nodes[c as usize];
+                if !n.alive || n.parent != u || n.prev_sibling != prev || seen > self.live {
+                    return fail(format!("node {u}: broken child list at {c}"));
+                }
+                (prev, c, seen) = (c, n.next_sibling, seen + 1);
+            }
+            if u != ROOT && seen != n_children[u as usize] as usize {
+                return fail(format!(
+                    "node {u}: child list has {seen} of {} children",
+                    n_children[u as usize]
+                ));
+            }
+        }
+        let entries: FxHashSet<(u64, u32, u32)> = self.lru.iter().map(|e| e.0).collect();
+        for &v in &alive {
+            let n = &self.nodes[v as usize];
+            if self.is_evictable(v) && !entries.contains(&(n.tick, v, n.generation)) {
+                return fail(format!("evictable node {v} is missing from the LRU heap"));
+            }
+        }
+        self.check_state()
+    }
+
+    /// The longest proper suffix of `s` present in the trie.
+    fn brute_force_fail(&self, s: &[u32]) -> u32 {
+        (1..s.len())
+            .find_map(|start| self.find(&s[start..]))
+            .unwrap_or(ROOT)
+    }
+
+    fn check_state(&self) -> Result<()> {
+        let n = &self.nodes[self.state as usize];
+        if !n.alive || n.generation != self.state_generation {
+            return fail("the match state points at a recycled node".into());
+        }
+        let recent: Vec<u32> = self.recent.iter().copied().collect();
+        let spelled = self.spell(self.state);
+        if spelled.len() != recent.len() || spelled != recent {
+            return fail(format!(
+                "the match state spells {spelled:?}, the context ends with {recent:?}"
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,442 @@
+//! The retrieval index: an Aho-Corasick automaton over the token stream whose trie holds every
+//! substring (length <= ngram) of the context, with LRU eviction under a hard node budget.
+//!
+//! Invariants (checked by `check_integrity`):
+//! - the trie is prefix-closed (a node's parent is its string minus the last token) and
+//!   suffix-closed (its string minus the first token is a node too), so the failure link of `w`
+//!   is always the node of `w[1..]` and adding a node never changes another node's link;
+//! - only nodes that nothing depends on (no child, no failure link pointing at them) are
+//!   evicted, which keeps both closures, so links stay correct with no rebuild pass;
+//! - the match state is the node of the longest context suffix (length <= ngram); its failure
+//!   chain enumerates every shorter suffix, which is where `extend` counts and `retrieve` looks.
+#![forbid(unsafe_code)]
+
+mod integrity;
+mod retrieve;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use rustc_hash::FxHashMap;
+
+use crate::error::{Error, Result, invalid};
+
+const NIL: u32 = u32::MAX;
+const ROOT: u32 = 0;
+/// Longest n-gram accepted; deeper tries buy nothing and cost O(ngram^2) capacity.
+pub const MAX_NGRAM: usize = 64;
+
+#[derive(Debug, Clone)]
+struct Node {
+    token: u32,
+    parent: u32,
+    fail: u32,
+    depth: u32,
+    count: u32,
+    first_child: u32,
+    next_sibling: u32,
+    prev_sibling: u32,
+    n_children: u32,
+    /// Number of nodes whose failure link points here.
+    fail_in: u32,
+    /// Logical time of the last use.
+    tick: u64,
+    /// Bumped on every eviction, so stale handles can be detected.
+    generation: u32,
+    alive: bool,
+}
+
+impl Node {
+    fn root() -> Self {
+        Self {
+            token: NIL,
+            parent: NIL,
+            fail: ROOT,
+            depth: 0,
+            count: 0,
+            first_child: NIL,
+            next_sibling: NIL,
+            prev_sibling: NIL,
+            n_children: 0,
+            fail_in: 0,
+            tick: 0,
+            generation: 0,
+            alive: true,
+        }
+    }
+}
+
+/// An LRU entry: an evictable node as of `tick`. Stale entries are skipped when popped.
+type LruEntry = Reverse<(u64, u32, u32)>;
+
+/// Aho-Corasick automaton over token ids with a hard node budget.
+#[derive(Debug, Clone)]
+pub struct Automaton {
+    ngram: usize,
+    capacity: usize,
+    min_depth: usize,
+    nodes: Vec<Node>,
+    /// Goto function: `(parent << 32) | token` -> child.
+    goto: FxHashMap<u64, u32>,
+    free: Vec<u32>,
+    live: usize,
+    /// Min-heap of evictable nodes by last use (lazy deletion).
+    lru: BinaryHeap<LruEntry>,
+    tick: u64,
+    state: u32,
+    state_generation: u32,
+    /// The last `ngram` tokens of the current sequence.
+    recent: VecDeque<u32>,
+    /// Nodes that the running `extend` step still needs; never evicted.
+    pinned: Vec<u32>,
+    chain: Vec<u32>,
+}
+
+fn key(parent: u32, token: u32) -> u64 {
+    (u64::from(parent) << 32) | u64::from(token)
+}
+
+impl Automaton {
+    /// An empty automaton.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if `ngram` is outside `2..=64`, `capacity` cannot hold every substring
+    /// of one window (`ngram * (ngram + 1) / 2`), or `min_depth` is outside `1..=ngram`.
+    pub fn new(ngram: usize, capacity: usize, min_depth: usize) -> Result<Self> {
+        if !(2..=MAX_NGRAM).contains(&ngram) {
+            return Err(invalid(
+                "ngram",
+                format!("must be in 2..={MAX_NGRAM}, got {ngram}"),
+            ));
+        }
+        let window = ngram * (ngram + 1) / 2;
+        if capacity < window || capacity >= (NIL - 1) as usize {
+            return Err(invalid(
+                "capacity",
+                format!(
+                    "must be >= ngram * (ngram + 1) / 2 = {window} (every substring of one window must fit), got {capacity}"
+                ),
+            ));
+        }
+        if !(1..=ngram).contains(&min_depth) {
+            return Err(invalid(
+                "min_depth",
+                format!("must be in 1..={ngram}, got {min_depth}"),
+            ));
+        }
+        let mut nodes = Vec::with_capacity((capacity + 1).min(1 << 16));
+        nodes.push(Node::root());
+        Ok(Self {
+            ngram,
+            capacity,
+            min_depth,
+            nodes,
+            goto: FxHashMap::default(),
+            free: Vec::new(),
+            live: 0,
+            lru: BinaryHeap::new(),
+            tick: 0,
+            state: ROOT,
+            state_generation: 0,
+            recent: VecDeque::with_capacity(ngram + 1),
+            pinned: Vec::with_capacity(2 * ngram + 2),
+            chain: Vec::with_capacity(ngram + 1),
+        })
+    }
+
+    /// Longest substring length indexed.
+    #[must_use]
+    pub fn ngram(&self) -> usize {
+        self.ngram
+    }
+
+    /// Hard node budget (root excluded).
+    #[must_use]
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Minimum depth of a retrieval border.
+    #[must_use]
+    pub fn min_depth(&self) -> usize {
+        self.min_depth
+    }
+
+    /// Live nodes, root excluded.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// True when nothing is indexed.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Depth of the match state: the length of the longest indexed suffix of the context.
+    #[must_use]
+    pub fn match_length(&self) -> usize {
+        self.nodes[self.state as usize].depth as usize
+    }
+
+    /// Approximate heap memory in bytes.
+    #[must_use]
+    pub fn memory_bytes(&self) -> usize {
+        self.nodes.capacity() * size_of::<Node>()
+            + self.goto.capacity() * (size_of::<(u64, u32)>() + 1)
+            + self.lru.capacity() * size_of::<LruEntry>()
+            + self.free.capacity() * 4
+            + self.recent.capacity() * 4
+    }
+
+    /// Append tokens to the context. Every substring of length `1..=ngram` that ends at a new
+    /// token is counted at once. Costs `O(ngram)` hash lookups per token.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if a token is negative; nothing is appended then.
+    pub fn extend(&mut self, tokens: &[i32]) -> Result<()> {
+        if let Some(t) = tokens.iter().find(|&&t| t < 0) {
+            return Err(invalid(
+                "tokens",
+                format!("token ids must be >= 0, got {t}"),
+            ));
+        }
+        for &t in tokens {
+            self.extend_one(t as u32)?;
+        }
+        Ok(())
+    }
+
+    fn extend_one(&mut self, x: u32) -> Result<()> {
+        self.ensure_state();
+        self.tick += 1;
+        // The failure chain of the state lists every context suffix, deepest first; suffixes of
+        // length `ngram` cannot grow, so they are skipped.
+        self.chain.clear();
+        let mut u = self.state;
+        loop {
+            if (self.nodes[u as usize].depth as usize) < self.ngram {
+                self.chain.push(u);
+            }
+            if u == ROOT {
+                break;
+            }
+            u = self.nodes[u as usize].fail;
+        }
+        self.pinned.clear();
+        self.pinned.extend_from_slice(&self.chain);
+        let mut shorter = ROOT;
+        for i in (0..self.chain.len()).rev() {
+            let parent = self.chain[i];
+            let v = match self.goto.get(&key(parent, x)) {
+                Some(&v) => v,
+                None => self.create(parent, x, shorter)?,
+            };
+            let node = &mut self.nodes[v as usize];
+            node.count = node.count.saturating_add(1);
+            node.tick = self.tick;
+            self.pinned.push(v);
+            shorter = v;
+        }
+        self.state = shorter;
+        self.state_generation = self.nodes[shorter as usize].generation;
+        if self.recent.len() == self.ngram {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(x);
+        // Only the new chain was touched; record the ones nothing depends on as LRU candidates.
+        for i in self.chain.len()..self.pinned.len() {
+            let v = self.pinned[i];
+            self.push_if_evictable(v);
+        }
+        self.pinned.clear();
+        if self.lru.len() > 2 * self.live + 4096 {
+            self.rebuild_lru();
+        }
+        Ok(())
+    }
+
+    /// Allocate the child of `parent` labelled `token` whose failure link is `fail`.
+    fn create(&mut self, parent: u32, token: u32, fail: u32) -> Result<u32> {
+        if self.live >= self.capacity {
+            self.evict_one()?;
+        }
+        let depth = self.nodes[parent as usize].depth + 1;
+        let first = self.nodes[parent as usize].first_child;
+        let node = Node {
+            token,
+            parent,
+            fail,
+            depth,
+            count: 0,
+            first_child: NIL,
+            next_sibling: first,
+            prev_sibling: NIL,
+            n_children: 0,
+            fail_in: 0,
+            tick: self.tick,
+            generation: 0,
+            alive: true,
+        };
+        let v = if let Some(v) = self.free.pop() {
+            let generation = self.nodes[v as usize].generation;
+            self.nodes[v as usize] = Node { generation, ..node };
+            v
+        } else {
+            self.nodes.push(node);
+            (self.nodes.len() - 1) as u32
+        };
+        if first != NIL {
+            self.nodes[first as usize].prev_sibling = v;
+        }
+        self.nodes[parent as usize].first_child = v;
+        self.nodes[parent as usize].n_children += 1;
+        self.nodes[fail as usize].fail_in += 1;
+        self.goto.insert(key(parent, token), v);
+        self.live += 1;
+        Ok(v)
+    }
+
+    fn is_evictable(&self, v: u32) -> bool {
+        let n = &self.nodes[v as usize];
+        v != ROOT && n.alive && n.n_children == 0 && n.fail_in == 0
+    }
+
+    fn push_if_evictable(&mut self, v: u32) {
+        if self.is_evictable(v) {
+            let n = &self.nodes[v as usize];
+            self.lru.push(Reverse((n.tick, v, n.generation)));
+        }
+    }
+
+    fn rebuild_lru(&mut self) {
+        self.lru.clear();
+        for v in 1..self.nodes.len() as u32 {
+            self.push_if_evictable(v);
+        }
+    }
+
+    /// Evict the least recently used node that nothing depends on and `extend` does not need.
+    fn evict_one(&mut self) -> Result<()> {
+        let mut skipped = Vec::new();
+        let victim = loop {
+            let Some(Reverse((tick, v, generation))) = self.lru.pop() else {
+                break None;
+            };
+            let n = &self.nodes[v as usize];
+            if !self.is_evictable(v) || n.generation != generation || n.tick != tick {
+                continue; // stale entry
+            }
+            if self.pinned.contains(&v) {
+                skipped.push(Reverse((tick, v, generation)));
+                continue;
+            }
+            break Some(v);
+        };
+        self.lru.extend(skipped);
+        let v = victim
+            .ok_or_else(|| Error::Integrity("no evictable node under the node budget".into()))?;
+        self.remove(v);
+        Ok(())
+    }
+
+    fn remove(&mut self, v: u32) {
+        let Node {
+            token,
+            parent,
+            fail,
+            next_sibling,
+            prev_sibling,
+            ..
+        } = self.nodes[v as usize];
+        self.goto.remove(&key(parent, token));
+        if prev_sibling == NIL {
+            self.nodes[parent as usize].first_child = next_sibling;
+        } else {
+            self.nodes[prev_sibling as usize].next_sibling = next_sibling;
+        }
+        if next_sibling != NIL {
+            self.nodes[next_sibling as usize].prev_sibling = prev_sibling;
+        }
+        self.nodes[parent as usize].n_children -= 1;
+        self.nodes[fail as usize].fail_in -= 1;
+        let n = &mut self.nodes[v as usize];
+        n.alive = false;
+        n.generation = n.generation.wrapping_add(1);
+        self.free.push(v);
+        self.live -= 1;
+        // Its parent and its failure target may now be free of dependents.
+        self.push_if_evictable(parent);
+        self.push_if_evictable(fail);
+    }
+
+    /// Re-derive the match state from the recent tokens if its node was recycled.
+    fn ensure_state(&mut self) {
+        let n = &self.nodes[self.state as usize];
+        if n.alive && n.generation == self.state_generation {
+            return;
+        }
+        let recent: Vec<u32> = self.recent.iter().copied().collect();
+        self.state = (0..recent.len())
+            .find_map(|start| self.find(&recent[start..]))
+            .unwrap_or(ROOT);
+        self.state_generation = self.nodes[self.state as usize].generation;
+    }
+
+    /// The node spelling `pattern`, if present.
+    fn find(&self, pattern: &[u32]) -> Option<u32> {
+        pattern
+            .iter()
+            .try_fold(ROOT, |u, &t| self.goto.get(&key(u, t)).copied())
+    }
+
+    /// Start a new request: later substrings never span this boundary; the index is kept.
+    pub fn new_sequence(&mut self) {
+        self.state = ROOT;
+        self.state_generation = 0;
+        self.recent.clear();
+    }
+
+    /// Forget everything.
+    pub fn clear(&mut self) {
+        self.nodes.truncate(1);
+        self.nodes[0] = Node::root();
+        self.goto.clear();
+        self.free.clear();
+        self.lru.clear();
+        self.live = 0;
+        self.new_sequence();
+    }
+
+    /// Occurrences of `pattern` in the context: exact unless one of its nodes was evicted,
+    /// never above the truth.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if the pattern is empty, longer than `ngram`, or holds a negative id.
+    pub fn count(&self, pattern: &[i32]) -> Result<u64> {
+        if pattern.is_empty() || pattern.len() > self.ngram {
+            return Err(invalid(
+                "pattern",
+                format!(
+                    "length must be in 1..={}, got {}",
+                    self.ngram,
+                    pattern.len()
+                ),
+            ));
+        }
+        if let Some(t) = pattern.iter().find(|&&t| t < 0) {
+            return Err(invalid(
+                "pattern",
+                format!("token ids must be >= 0, got {t}"),
+            ));
+        }
+        let p: Vec<u32> = pattern.iter().map(|&t| t as u32).collect();
+        Ok(self
+            .find(&p)
+            .map_or(0, |v| u64::from(self.nodes[v as usize].count)))
+    }
+}
+
+#[cfg(test)]
+mod tests;

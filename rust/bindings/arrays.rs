@@ -1,0 +1,125 @@
+//! Conversion of Python token inputs (lists or int32/int64 numpy arrays) and of outputs.
+
+use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+use super::errors::value_error;
+
+/// Token ids borrowed from a contiguous int32 array (zero-copy) or converted into a `Vec`.
+pub(crate) enum Tokens<'py> {
+    Borrowed(PyReadonlyArray1<'py, i32>),
+    Owned(Vec<i32>),
+}
+
+impl Tokens<'_> {
+    pub(crate) fn as_slice(&self) -> &[i32] {
+        match self {
+            // A contiguity check selected this variant, so `as_slice` cannot fail here.
+            Self::Borrowed(a) => a.as_slice().unwrap_or(&[]),
+            Self::Owned(v) => v,
+        }
+    }
+}
+
+fn to_i32(arg: &str, values: impl IntoIterator<Item = i64>) -> PyResult<Vec<i32>> {
+    values
+        .into_iter()
+        .map(|v| {
+            i32::try_from(v)
+                .map_err(|_| value_error(arg, format!("value {v} does not fit in int32")))
+        })
+        .collect()
+}
+
+fn dtype_name(a: &Bound<'_, PyUntypedArray>) -> String {
+    a.dtype()
+        .str()
+        .map_or_else(|_| "unknown".into(), |s| s.to_string())
+}
+
+/// Extract a 1-D sequence of token ids from a list/tuple of ints or an int32/int64 array.
+pub(crate) fn tokens<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tokens<'py>> {
+    if let Ok(a) = obj.cast::<PyUntypedArray>() {
+        if a.ndim() != 1 {
+            return Err(value_error(
+                arg,
+                format!("expected a 1-D array, got shape {:?}", a.shape()),
+            ));
+        }
+        if let Ok(a32) = obj.extract::<PyReadonlyArray1<'py, i32>>() {
+            if a32.as_slice().is_ok() {
+                return Ok(Tokens::Borrowed(a32));
+            }
+            return Ok(Tokens::Owned(a32.as_array().to_vec()));
+        }
+        if let Ok(a64) = obj.extract::<PyReadonlyArray1<'py, i64>>() {
+            return Ok(Tokens::Owned(to_i32(arg, a64.as_array().iter().copied())?));
+        }
+        return Err(PyTypeError::new_err(format!(
+            "{arg}: expected an int32 or int64 array, got dtype {}",
+            dtype_name(a)
+        )));
+    }
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(PyTypeError::new_err(format!(
+            "{arg}: expected a sequence of ints, got a string"
+        )));
+    }
+    let values: Vec<i64> = obj.extract().map_err(|_| {
+        let ty = obj
+            .get_type()
+            .name()
+            .map_or_else(|_| "?".into(), |n| n.to_string());
+        PyTypeError::new_err(format!(
+            "{arg}: expected a sequence of ints or an int32/int64 array, got {ty}"
+        ))
+    })?;
+    Ok(Tokens::Owned(to_i32(arg, values)?))
+}
+
+/// Extract an `[n, k]` int32/int64 array as row-major `(data, n, k)`.
+pub(crate) fn matrix(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Vec<i32>, usize, usize)> {
+    let a = obj.cast::<PyUntypedArray>().map_err(|_| {
+        PyTypeError::new_err(format!("{arg}: expected a 2-D int32 or int64 numpy array"))
+    })?;
+    if a.ndim() != 2 {
+        return Err(value_error(
+            arg,
+            format!("expected a 2-D array, got shape {:?}", a.shape()),
+        ));
+    }
+    let (n, k) = (a.shape()[0], a.shape()[1]);
+    if let Ok(m) = obj.extract::<PyReadonlyArray2<'_, i32>>() {
+        return Ok((m.as_array().iter().copied().collect(), n, k));
+    }
+    if let Ok(m) = obj.extract::<PyReadonlyArray2<'_, i64>>() {
+        return Ok((to_i32(arg, m.as_array().iter().copied())?, n, k));
+    }
+    Err(PyTypeError::new_err(format!(
+        "{arg}: expected an int32 or int64 array, got dtype {}",
+        dtype_name(a)
+    )))
+}
+
+/// A Python int argument that must be a token id (non-negative int32).
+pub(crate) fn token_id(value: i64, arg: &str) -> PyResult<i32> {
+    i32::try_from(value)
+        .ok()
+        .filter(|&t| t >= 0)
+        .ok_or_else(|| value_error(arg, format!("expected a token id in 0..2**31, got {value}")))
+}
+
+/// A Python int argument that must be at least `min`.
+pub(crate) fn at_least(value: i64, min: i64, arg: &str) -> PyResult<usize> {
+    if value < min {
+        return Err(value_error(arg, format!("must be >= {min}, got {value}")));
+    }
+    usize::try_from(value).map_err(|_| value_error(arg, format!("{value} is too large")))
+}
+
+/// A 1-D int32 numpy array that takes ownership of `v` (no copy).
+pub(crate) fn array1<'py>(py: Python<'py>, v: Vec<i32>) -> Bound<'py, PyArray1<i32>> {
+    PyArray1::from_vec(py, v)
+}

@@ -1,0 +1,107 @@
+//! `Automaton` for Python: a frozen wrapper whose state sits behind a mutex.
+
+use parking_lot::Mutex;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+
+use super::arrays::{at_least, token_id, tokens};
+use super::tree::PyDraftTree;
+use crate::automaton::Automaton;
+
+/// Inputs shorter than this are processed without releasing the GIL (the handoff costs more).
+const DETACH_MIN_TOKENS: usize = 64;
+
+/// Aho-Corasick automaton over the token stream with LRU eviction under a node budget.
+#[pyclass(name = "Automaton", module = "racer_rs", frozen)]
+pub struct PyAutomaton {
+    pub(crate) inner: Mutex<Automaton>,
+}
+
+#[pymethods]
+impl PyAutomaton {
+    #[new]
+    #[pyo3(signature = (ngram = 10, capacity = 10_000, min_depth = 2))]
+    fn py_new(ngram: i64, capacity: i64, min_depth: i64) -> PyResult<Self> {
+        let ngram = at_least(ngram, 2, "ngram")?;
+        let capacity = at_least(capacity, 1, "capacity")?;
+        let min_depth = at_least(min_depth, 1, "min_depth")?;
+        Ok(Self {
+            inner: Mutex::new(Automaton::new(ngram, capacity, min_depth)?),
+        })
+    }
+
+    #[getter]
+    fn ngram(&self) -> usize {
+        self.inner.lock().ngram()
+    }
+
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.inner.lock().capacity()
+    }
+
+    #[getter]
+    fn min_depth(&self) -> usize {
+        self.inner.lock().min_depth()
+    }
+
+    #[getter]
+    fn match_length(&self) -> usize {
+        self.inner.lock().match_length()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.lock().len()
+    }
+
+    fn __repr__(&self) -> String {
+        let a = self.inner.lock();
+        format!(
+            "Automaton(ngram={}, capacity={}, min_depth={}, nodes={})",
+            a.ngram(),
+            a.capacity(),
+            a.min_depth(),
+            a.len()
+        )
+    }
+
+    /// Append tokens to the context (zero-copy for contiguous int32 arrays; the array must
+    /// not be mutated while the call runs).
+    fn extend(&self, py: Python<'_>, tokens_: &Bound<'_, PyAny>) -> PyResult<()> {
+        let t = tokens(tokens_, "tokens")?;
+        let slice = t.as_slice();
+        if slice.len() < DETACH_MIN_TOKENS {
+            return Ok(self.inner.lock().extend(slice)?);
+        }
+        Ok(py.detach(|| self.inner.lock().extend(slice))?)
+    }
+
+    fn new_sequence(&self) {
+        self.inner.lock().new_sequence();
+    }
+
+    fn clear(&self) {
+        self.inner.lock().clear();
+    }
+
+    fn count(&self, pattern: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let p = tokens(pattern, "pattern")?;
+        Ok(self.inner.lock().count(p.as_slice())?)
+    }
+
+    fn retrieve(&self, py: Python<'_>, next_token: i64, budget: i64) -> PyResult<PyDraftTree> {
+        let next_token = token_id(next_token, "next_token")?;
+        let budget = at_least(budget, 1, "budget")?;
+        let tree = py.detach(|| self.inner.lock().retrieve(next_token, budget))?;
+        Ok(tree.into())
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.inner.lock().memory_bytes()
+    }
+
+    fn check_integrity(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.lock().check_integrity())
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+}

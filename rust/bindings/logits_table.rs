@@ -1,0 +1,149 @@
+//! `LogitsTable` and `build_draft_tree` for Python.
+
+use numpy::PyArray1;
+use parking_lot::RwLock;
+use pyo3::prelude::*;
+
+use super::arrays::{array1, at_least, matrix, token_id, tokens};
+use super::automaton::PyAutomaton;
+use super::tree::PyDraftTree;
+use crate::draft::{DraftOptions, build_draft_tree as build};
+use crate::logits_table::LogitsTable;
+
+/// The copy-logit table: per token id, the target's top-k next tokens at its latest occurrence.
+#[pyclass(name = "LogitsTable", module = "racer_rs", frozen)]
+pub struct PyLogitsTable {
+    inner: RwLock<LogitsTable>,
+}
+
+fn exempt(value: i64) -> PyResult<u32> {
+    u32::try_from(value).map_err(|_| {
+        super::errors::value_error("exempt_depth", format!("must be >= 0, got {value}"))
+    })
+}
+
+#[pymethods]
+impl PyLogitsTable {
+    #[new]
+    #[pyo3(signature = (vocab_size, top_k = 8))]
+    fn py_new(vocab_size: i64, top_k: i64) -> PyResult<Self> {
+        let vocab_size = at_least(vocab_size, 1, "vocab_size")?;
+        let top_k = at_least(top_k, 1, "top_k")?;
+        Ok(Self {
+            inner: RwLock::new(LogitsTable::new(vocab_size, top_k)?),
+        })
+    }
+
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.inner.read().vocab_size()
+    }
+
+    #[getter]
+    fn top_k(&self) -> usize {
+        self.inner.read().top_k()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.read().rows_written()
+    }
+
+    fn __repr__(&self) -> String {
+        let t = self.inner.read();
+        format!(
+            "LogitsTable(vocab_size={}, top_k={}, rows={})",
+            t.vocab_size(),
+            t.top_k(),
+            t.rows_written()
+        )
+    }
+
+    fn update(&self, tokens_: &Bound<'_, PyAny>, topk_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let t = tokens(tokens_, "tokens")?;
+        let (ids, n, k) = matrix(topk_ids, "topk_ids")?;
+        if n != t.as_slice().len() {
+            return Err(super::errors::value_error(
+                "topk_ids",
+                format!("has {n} rows but tokens has {} entries", t.as_slice().len()),
+            ));
+        }
+        Ok(self.inner.write().update(t.as_slice(), &ids, k)?)
+    }
+
+    fn row<'py>(&self, py: Python<'py>, token: i64) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
+        let token = token_id(token, "token")?;
+        Ok(self.inner.read().row(token).map(|r| array1(py, r.to_vec())))
+    }
+
+    fn clear(&self) {
+        self.inner.write().clear();
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.inner.read().memory_bytes()
+    }
+
+    #[pyo3(signature = (root, budget, exempt_depth = 1))]
+    fn expand(
+        &self,
+        py: Python<'_>,
+        root: i64,
+        budget: i64,
+        exempt_depth: i64,
+    ) -> PyResult<PyDraftTree> {
+        let root = token_id(root, "root")?;
+        let budget = at_least(budget, 1, "budget")?;
+        let exempt_depth = exempt(exempt_depth)?;
+        Ok(py
+            .detach(|| self.inner.read().expand(root, budget, exempt_depth))?
+            .into())
+    }
+
+    fn expand_static(
+        &self,
+        root: i64,
+        parents: &Bound<'_, PyAny>,
+        ranks: &Bound<'_, PyAny>,
+    ) -> PyResult<PyDraftTree> {
+        let root = token_id(root, "root")?;
+        let p = tokens(parents, "parents")?;
+        let r = tokens(ranks, "ranks")?;
+        Ok(self
+            .inner
+            .read()
+            .expand_static(root, p.as_slice(), r.as_slice())?
+            .into())
+    }
+}
+
+/// RACER's draft tree: ``draft_chain`` first, then retrieval paths, then the logits tree;
+/// the budget is charged after merging.
+#[pyfunction]
+#[pyo3(signature = (automaton, table, next_token, capacity = 64, *, use_retrieval = true, use_logits = true, draft_chain = None, exempt_depth = 1))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn build_draft_tree(
+    py: Python<'_>,
+    automaton: &PyAutomaton,
+    table: &PyLogitsTable,
+    next_token: i64,
+    capacity: i64,
+    use_retrieval: bool,
+    use_logits: bool,
+    draft_chain: Option<&Bound<'_, PyAny>>,
+    exempt_depth: i64,
+) -> PyResult<PyDraftTree> {
+    let next_token = token_id(next_token, "next_token")?;
+    let options = DraftOptions {
+        capacity: at_least(capacity, 1, "capacity")?,
+        use_retrieval,
+        use_logits,
+        exempt_depth: exempt(exempt_depth)?,
+    };
+    let chain = draft_chain.map(|c| tokens(c, "draft_chain")).transpose()?;
+    let chain: &[i32] = chain.as_ref().map_or(&[], |c| c.as_slice());
+    let tree = py.detach(|| {
+        let mut a = automaton.inner.lock();
+        build(&mut a, &table.inner.read(), next_token, chain, &options)
+    })?;
+    Ok(tree.into())
+}

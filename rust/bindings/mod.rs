@@ -1,0 +1,26 @@
+//! PyO3 bindings: argument conversion, GIL release and error mapping only; no algorithms.
+
+mod arrays;
+mod automaton;
+mod errors;
+mod logits_table;
+mod tree;
+
+use pyo3::prelude::*;
+
+#[pymodule(gil_used = false)]
+mod _native {
+    #[pymodule_export]
+    use super::automaton::PyAutomaton;
+    #[pymodule_export]
+    use super::logits_table::{PyLogitsTable, build_draft_tree};
+    #[pymodule_export]
+    use super::tree::{PyDraftTree, prompt_lookup};
+
+    use pyo3::prelude::*;
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))
+    }
+}

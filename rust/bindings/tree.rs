@@ -1,0 +1,115 @@
+//! `DraftTree` and `prompt_lookup` for Python.
+
+use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use super::arrays::{array1, at_least, tokens};
+use crate::tree::DraftTree;
+
+/// A draft tree flattened in BFS order (root at index 0, parents before children).
+#[pyclass(name = "DraftTree", module = "racer_rs", frozen)]
+pub struct PyDraftTree {
+    pub(crate) inner: DraftTree,
+}
+
+impl From<DraftTree> for PyDraftTree {
+    fn from(inner: DraftTree) -> Self {
+        Self { inner }
+    }
+}
+
+#[pymethods]
+impl PyDraftTree {
+    #[new]
+    fn py_new(tokens_: &Bound<'_, PyAny>, parents: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let t = tokens(tokens_, "tokens")?.as_slice().to_vec();
+        let p = tokens(parents, "parents")?.as_slice().to_vec();
+        Ok(DraftTree::from_parents(t, p)?.into())
+    }
+
+    /// A chain tree: ``tokens[0]`` is the root, each next token the child of the previous.
+    #[staticmethod]
+    fn chain(tokens_: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(DraftTree::chain(tokens(tokens_, "tokens")?.as_slice())?.into())
+    }
+
+    #[getter]
+    fn tokens<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        array1(py, self.inner.tokens().to_vec())
+    }
+
+    #[getter]
+    fn parents<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        array1(py, self.inner.parents().to_vec())
+    }
+
+    #[getter]
+    fn depths<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        array1(py, self.inner.depths().to_vec())
+    }
+
+    #[getter]
+    fn max_depth(&self) -> usize {
+        self.inner.max_depth()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "DraftTree(nodes={}, max_depth={})",
+            self.inner.len(),
+            self.inner.max_depth()
+        )
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let me = slf.get();
+        let args = (me.tokens(py), me.parents(py));
+        (slf.get_type(), args).into_pyobject(py)
+    }
+
+    /// ``bool[n, n]``: row ``i`` marks the ancestors of ``i`` and ``i`` itself.
+    fn attention_mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<bool>>> {
+        let n = self.inner.len();
+        PyArray1::from_vec(py, self.inner.attention_mask()).reshape([n, n])
+    }
+
+    /// ``int32[leaves, max_depth + 1]``: root-to-leaf node indices padded with ``-1``.
+    fn leaf_paths<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i32>>> {
+        let (data, rows, cols) = self.inner.leaf_paths();
+        array1(py, data).reshape([rows, cols])
+    }
+
+    /// ``(path, bonus)``: the greedy walk over the target's per-node predictions.
+    fn greedy_accept(&self, predicted: &Bound<'_, PyAny>) -> PyResult<(Vec<u32>, i32)> {
+        Ok(self
+            .inner
+            .greedy_accept(tokens(predicted, "predicted")?.as_slice())?)
+    }
+}
+
+/// Prompt lookup: the tokens that followed the latest earlier occurrence of the longest
+/// matching context suffix n-gram (``max_ngram`` down to ``min_ngram``); empty if none.
+#[pyfunction]
+#[pyo3(signature = (context, *, max_ngram = 3, min_ngram = 1, num_pred = 10))]
+pub(crate) fn prompt_lookup<'py>(
+    py: Python<'py>,
+    context: &Bound<'py, PyAny>,
+    max_ngram: i64,
+    min_ngram: i64,
+    num_pred: i64,
+) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    let max_ngram = at_least(max_ngram, 1, "max_ngram")?;
+    let min_ngram = at_least(min_ngram, 1, "min_ngram")?;
+    let num_pred = at_least(num_pred, 1, "num_pred")?;
+    let ctx = tokens(context, "context")?;
+    let slice = ctx.as_slice();
+    let found =
+        py.detach(|| crate::lookup::prompt_lookup(slice, max_ngram, min_ngram, num_pred))?;
+    Ok(array1(py, found))
+}

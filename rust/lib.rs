@@ -1,0 +1,19 @@
+//! racer_rs core: the retrieval automaton, the copy-logit table and draft-tree construction for
+//! RACER speculative decoding. Everything outside `bindings` is plain Rust with no pyo3.
+
+pub mod automaton;
+pub mod draft;
+pub mod error;
+pub mod logits_table;
+pub mod lookup;
+pub mod tree;
+
+#[cfg(feature = "python")]
+mod bindings;
+
+pub use automaton::Automaton;
+pub use draft::{DraftOptions, build_draft_tree};
+pub use error::{Error, Result};
+pub use logits_table::LogitsTable;
+pub use lookup::prompt_lookup;
+pub use tree::{DraftTree, TreeBuilder};

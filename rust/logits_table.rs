@@ -1,0 +1,293 @@
+//! The copy-logit table: for every token id, the target's top-k next tokens saved at the most
+//! recent occurrence of that token, and the breadth-halving logits tree grown from it.
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+
+use crate::error::{Result, invalid};
+use crate::tree::{DraftTree, TreeBuilder};
+
+/// A `vocab_size x top_k` table of token ids with a "written" bit per row.
+#[derive(Debug, Clone)]
+pub struct LogitsTable {
+    vocab_size: usize,
+    top_k: usize,
+    ids: Vec<i32>,
+    written: Vec<bool>,
+    rows_written: usize,
+}
+
+impl LogitsTable {
+    /// An empty table.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if `vocab_size` or `top_k` is below 1 or absurdly large.
+    pub fn new(vocab_size: usize, top_k: usize) -> Result<Self> {
+        if vocab_size < 1 || vocab_size > i32::MAX as usize {
+            return Err(invalid(
+                "vocab_size",
+                format!("must be in 1..=2**31-1, got {vocab_size}"),
+            ));
+        }
+        if top_k < 1 || top_k > 1024 {
+            return Err(invalid(
+                "top_k",
+                format!("must be in 1..=1024, got {top_k}"),
+            ));
+        }
+        let cells = vocab_size
+            .checked_mul(top_k)
+            .filter(|&c| c <= 1 << 31)
+            .ok_or_else(|| invalid("vocab_size", "vocab_size * top_k is too large"))?;
+        Ok(Self {
+            vocab_size,
+            top_k,
+            ids: vec![0; cells],
+            written: vec![false; vocab_size],
+            rows_written: 0,
+        })
+    }
+
+    /// Number of token ids the table covers.
+    #[must_use]
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Ids stored per row.
+    #[must_use]
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+
+    /// Rows written at least once.
+    #[must_use]
+    pub fn rows_written(&self) -> usize {
+        self.rows_written
+    }
+
+    /// Approximate heap memory in bytes.
+    #[must_use]
+    pub fn memory_bytes(&self) -> usize {
+        self.ids.len() * 4 + self.written.len()
+    }
+
+    fn check_token(&self, arg: &'static str, t: i32) -> Result<usize> {
+        if t < 0 || t as usize >= self.vocab_size {
+            return Err(invalid(
+                arg,
+                format!("token {t} is outside 0..{}", self.vocab_size),
+            ));
+        }
+        Ok(t as usize)
+    }
+
+    /// For i in order, row `tokens[i]` := `topk_ids[i*k..(i+1)*k]`; the last write wins.
+    /// Nothing is written unless every input is valid.
+    ///
+    /// # Errors
+    /// `InvalidArgument` on a shape mismatch or an id outside the vocabulary.
+    pub fn update(&mut self, tokens: &[i32], topk_ids: &[i32], k: usize) -> Result<()> {
+        if k != self.top_k {
+            return Err(invalid(
+                "topk_ids",
+                format!("expected {} columns, got {k}", self.top_k),
+            ));
+        }
+        if topk_ids.len() != tokens.len() * k {
+            return Err(invalid(
+                "topk_ids",
+                format!(
+                    "expected {} rows to match tokens, got {}",
+                    tokens.len(),
+                    topk_ids.len() / k.max(1)
+                ),
+            ));
+        }
+        for &t in tokens {
+            self.check_token("tokens", t)?;
+        }
+        for &t in topk_ids {
+            self.check_token("topk_ids", t)?;
+        }
+        for (i, &t) in tokens.iter().enumerate() {
+            let row = t as usize;
+            self.ids[row * k..(row + 1) * k].copy_from_slice(&topk_ids[i * k..(i + 1) * k]);
+            if !self.written[row] {
+                self.written[row] = true;
+                self.rows_written += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The stored ids of `token`, or `None` if its row was never written (or it is out of range).
+    #[must_use]
+    pub fn row(&self, token: i32) -> Option<&[i32]> {
+        let t = usize::try_from(token)
+            .ok()
+            .filter(|&t| t < self.vocab_size)?;
+        self.written[t].then(|| &self.ids[t * self.top_k..(t + 1) * self.top_k])
+    }
+
+    /// Forget every row.
+    pub fn clear(&mut self) {
+        self.written.fill(false);
+        self.rows_written = 0;
+    }
+
+    /// The breadth-halving logits tree of at most `budget` nodes rooted at `root`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if `root` is out of range or `budget < 1`.
+    pub fn expand(&self, root: i32, budget: usize, exempt_depth: u32) -> Result<DraftTree> {
+        self.check_token("root", root)?;
+        if budget < 1 {
+            return Err(invalid("budget", "must be >= 1"));
+        }
+        let mut b = TreeBuilder::new(root);
+        self.expand_into(&mut b, budget, exempt_depth);
+        Ok(b.finish())
+    }
+
+    /// Grow the logits tree from the builder's root, merging with nodes already there, until
+    /// the builder holds `budget` nodes. Child `j` of a node at depth `d` with breadth `b` gets
+    /// breadth `max(1, b >> (j + [d != exempt_depth]))`; the root has breadth `top_k`.
+    pub fn expand_into(&self, builder: &mut TreeBuilder, budget: usize, exempt_depth: u32) {
+        let mut queued = vec![false; budget.max(builder.len())];
+        let mut queue = VecDeque::from([(0u32, self.top_k)]);
+        queued[0] = true;
+        while let Some((u, breadth)) = queue.pop_front() {
+            if builder.len() >= budget {
+                break;
+            }
+            let Some(row) = self.row(builder.token(u)) else {
+                continue;
+            };
+            let shift0 = usize::from(builder.depth(u) != exempt_depth);
+            for (j, &token) in row.iter().enumerate().take(breadth) {
+                let child_breadth = (breadth >> (j + shift0).min(63)).max(1);
+                let Some((c, _)) = builder.child_or_insert(u, token, budget) else {
+                    return;
+                };
+                let c = c as usize;
+                if c >= queued.len() {
+                    queued.resize(c + 1, false);
+                }
+                if !queued[c] {
+                    queued[c] = true;
+                    queue.push_back((c as u32, child_breadth));
+                }
+            }
+        }
+    }
+
+    /// Fill a static tree template: node `i` is rank `ranks[i]` of its template parent's row.
+    /// Nodes below an unwritten row are dropped with their descendants; a node that repeats a
+    /// sibling's token is merged into it.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if the template is not a tree in parent-first order or a rank is
+    /// outside `0..top_k`.
+    pub fn expand_static(&self, root: i32, parents: &[i32], ranks: &[i32]) -> Result<DraftTree> {
+        self.check_token("root", root)?;
+        if parents.is_empty() || parents[0] != -1 {
+            return Err(invalid(
+                "parents",
+                "the template must start with the root (parent -1)",
+            ));
+        }
+        if parents.len() != ranks.len() {
+            return Err(invalid("ranks", "must have one entry per template node"));
+        }
+        for i in 1..parents.len() {
+            if parents[i] < 0 || parents[i] as usize >= i {
+                return Err(invalid(
+                    "parents",
+                    format!("parents[{i}] must be in 0..{i}"),
+                ));
+            }
+            if ranks[i] < 0 || ranks[i] as usize >= self.top_k {
+                return Err(invalid(
+                    "ranks",
+                    format!("ranks[{i}] must be in 0..{}", self.top_k),
+                ));
+            }
+        }
+        let mut b = TreeBuilder::new(root);
+        let mut placed: Vec<Option<u32>> = vec![None; parents.len()];
+        placed[0] = Some(0);
+        for i in 1..parents.len() {
+            let Some(p) = placed[parents[i] as usize] else {
+                continue;
+            };
+            let Some(row) = self.row(b.token(p)) else {
+                continue;
+            };
+            placed[i] = b
+                .child_or_insert(p, row[ranks[i] as usize], usize::MAX)
+                .map(|(c, _)| c);
+        }
+        Ok(b.finish())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full_table(vocab: usize, k: usize) -> LogitsTable {
+        // Every row holds k distinct tokens that never repeat an ancestor in a short walk.
+        let mut t = LogitsTable::new(vocab, k).unwrap();
+        let tokens: Vec<i32> = (0..vocab as i32).collect();
+        let ids: Vec<i32> = (0..vocab)
+            .flat_map(|r| (0..k).map(move |j| ((r * k + j + 1) % vocab) as i32))
+            .collect();
+        t.update(&tokens, &ids, k).unwrap();
+        t
+    }
+
+    fn level_sizes(t: &DraftTree) -> Vec<usize> {
+        let mut sizes = vec![0; t.max_depth() + 1];
+        for &d in t.depths() {
+            sizes[d as usize] += 1;
+        }
+        sizes
+    }
+
+    #[test]
+    fn shapes_match_the_reference_rule() {
+        let t = full_table(100_000, 8);
+        assert_eq!(level_sizes(&t.expand(0, 16, 1).unwrap()), vec![1, 8, 7]);
+        assert_eq!(
+            level_sizes(&t.expand(0, 32, 1).unwrap()),
+            vec![1, 8, 12, 11]
+        );
+        assert_eq!(
+            level_sizes(&t.expand(0, 64, 1).unwrap()),
+            vec![1, 8, 12, 17, 18, 8]
+        );
+        assert_eq!(
+            level_sizes(&t.expand(0, 96, 1).unwrap()),
+            vec![1, 8, 12, 17, 18, 18, 18, 4]
+        );
+        assert_eq!(
+            level_sizes(&t.expand(0, 64, 0).unwrap()),
+            vec![1, 8, 19, 24, 12]
+        );
+    }
+
+    #[test]
+    fn unseen_rows_have_no_children() {
+        let t = LogitsTable::new(10, 4).unwrap();
+        assert_eq!(t.expand(3, 64, 1).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn failed_update_writes_nothing() {
+        let mut t = LogitsTable::new(10, 2).unwrap();
+        assert!(t.update(&[1, 2], &[3, 4, 5, 99], 2).is_err());
+        assert!(t.row(1).is_none());
+        assert_eq!(t.rows_written(), 0);
+    }
+}

@@ -1,0 +1,406 @@
+//! Draft trees: `TreeBuilder`, a small merge trie used while drafting, and `DraftTree`, the flat
+//! BFS form (tokens, parents, depths) that verification consumes.
+#![forbid(unsafe_code)]
+
+use rustc_hash::FxHashSet;
+
+use crate::error::{Result, invalid};
+
+const NIL: u32 = u32::MAX;
+
+/// A draft tree flattened in BFS order: root at index 0, every parent before its children,
+/// depths non-decreasing, and distinct tokens among siblings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraftTree {
+    tokens: Vec<i32>,
+    parents: Vec<i32>,
+    depths: Vec<i32>,
+    /// CSR adjacency: the children of node `u` are `children[child_start[u]..child_start[u + 1]]`.
+    child_start: Vec<u32>,
+    children: Vec<u32>,
+}
+
+impl DraftTree {
+    /// Validate flat arrays and build a tree from them.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if the arrays are empty or of different lengths, a token is negative,
+    /// the parents are not in BFS order, or two siblings carry the same token.
+    pub fn from_parents(tokens: Vec<i32>, parents: Vec<i32>) -> Result<Self> {
+        if tokens.is_empty() {
+            return Err(invalid("tokens", "a draft tree needs at least the root"));
+        }
+        if tokens.len() != parents.len() {
+            return Err(invalid(
+                "parents",
+                format!(
+                    "length {} differs from tokens length {}",
+                    parents.len(),
+                    tokens.len()
+                ),
+            ));
+        }
+        if let Some(t) = tokens.iter().find(|&&t| t < 0) {
+            return Err(invalid(
+                "tokens",
+                format!("token ids must be >= 0, got {t}"),
+            ));
+        }
+        if parents[0] != -1 {
+            return Err(invalid(
+                "parents",
+                format!("parents[0] must be -1 (the root), got {}", parents[0]),
+            ));
+        }
+        let mut depths = vec![0i32; tokens.len()];
+        let mut seen = FxHashSet::default();
+        for i in 1..tokens.len() {
+            let p = parents[i];
+            if p < 0 || p as usize >= i {
+                return Err(invalid(
+                    "parents",
+                    format!("parents[{i}] = {p}: a parent must come before its child"),
+                ));
+            }
+            depths[i] = depths[p as usize] + 1;
+            if depths[i] < depths[i - 1] {
+                return Err(invalid(
+                    "parents",
+                    format!("node {i} breaks BFS order (depth decreases)"),
+                ));
+            }
+            if !seen.insert((p, tokens[i])) {
+                return Err(invalid(
+                    "tokens",
+                    format!("node {p} has two children with token {}", tokens[i]),
+                ));
+            }
+        }
+        Ok(Self::from_valid(tokens, parents, depths))
+    }
+
+    /// A chain: `tokens[0]` is the root and every next token is the child of the previous one.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if `tokens` is empty or holds a negative id.
+    pub fn chain(tokens: &[i32]) -> Result<Self> {
+        let parents = (0..tokens.len() as i32).map(|i| i - 1).collect();
+        Self::from_parents(tokens.to_vec(), parents)
+    }
+
+    fn from_valid(tokens: Vec<i32>, parents: Vec<i32>, depths: Vec<i32>) -> Self {
+        let n = tokens.len();
+        let mut child_start = vec![0u32; n + 1];
+        for &p in &parents[1..] {
+            child_start[p as usize + 1] += 1;
+        }
+        for i in 0..n {
+            child_start[i + 1] += child_start[i];
+        }
+        let mut fill = child_start.clone();
+        let mut children = vec![0u32; n.saturating_sub(1)];
+        for (i, &p) in parents.iter().enumerate().skip(1) {
+            children[fill[p as usize] as usize] = i as u32;
+            fill[p as usize] += 1;
+        }
+        Self {
+            tokens,
+            parents,
+            depths,
+            child_start,
+            children,
+        }
+    }
+
+    /// Number of nodes, root included.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Always false: a tree has at least its root.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Token of every node.
+    #[must_use]
+    pub fn tokens(&self) -> &[i32] {
+        &self.tokens
+    }
+
+    /// Parent of every node (`-1` for the root).
+    #[must_use]
+    pub fn parents(&self) -> &[i32] {
+        &self.parents
+    }
+
+    /// Depth of every node (root 0).
+    #[must_use]
+    pub fn depths(&self) -> &[i32] {
+        &self.depths
+    }
+
+    /// Depth of the deepest node.
+    #[must_use]
+    pub fn max_depth(&self) -> usize {
+        *self.depths.last().unwrap_or(&0) as usize
+    }
+
+    /// Children of node `u`, in index order.
+    #[must_use]
+    pub fn children(&self, u: usize) -> &[u32] {
+        &self.children[self.child_start[u] as usize..self.child_start[u + 1] as usize]
+    }
+
+    /// Row-major `n x n` ancestor-or-self mask.
+    #[must_use]
+    pub fn attention_mask(&self) -> Vec<bool> {
+        let n = self.len();
+        let mut mask = vec![false; n * n];
+        mask[0] = true;
+        for i in 1..n {
+            let p = self.parents[i] as usize;
+            let (done, rest) = mask.split_at_mut(i * n);
+            rest[..n].copy_from_slice(&done[p * n..p * n + n]);
+            rest[i] = true;
+        }
+        mask
+    }
+
+    /// Root-to-leaf node indices, one row per leaf (BFS order), padded with `-1`.
+    /// Returns `(data, rows, cols)` with `cols = max_depth + 1`.
+    #[must_use]
+    pub fn leaf_paths(&self) -> (Vec<i32>, usize, usize) {
+        let cols = self.max_depth() + 1;
+        let leaves: Vec<usize> = (0..self.len())
+            .filter(|&u| self.children(u).is_empty())
+            .collect();
+        let mut data = vec![-1i32; leaves.len() * cols];
+        for (row, &leaf) in leaves.iter().enumerate() {
+            let mut u = leaf as i32;
+            while u >= 0 {
+                data[row * cols + self.depths[u as usize] as usize] = u;
+                u = self.parents[u as usize];
+            }
+        }
+        (data, leaves.len(), cols)
+    }
+
+    /// Greedy walk: from the root, follow the child whose token equals the parent's prediction.
+    /// Returns the accepted node indices (starting with 0) and the prediction at the last one.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if `predicted` does not have one entry per node.
+    pub fn greedy_accept(&self, predicted: &[i32]) -> Result<(Vec<u32>, i32)> {
+        if predicted.len() != self.len() {
+            return Err(invalid(
+                "predicted",
+                format!(
+                    "expected one token per node ({}), got {}",
+                    self.len(),
+                    predicted.len()
+                ),
+            ));
+        }
+        let mut path = vec![0u32];
+        let mut u = 0usize;
+        while let Some(&c) = self
+            .children(u)
+            .iter()
+            .find(|&&c| self.tokens[c as usize] == predicted[u])
+        {
+            path.push(c);
+            u = c as usize;
+        }
+        Ok((path, predicted[u]))
+    }
+}
+
+/// A merge trie for building draft trees: paths that spell the same tokens share nodes, so
+/// `len()` is the number of distinct nodes (root included) and budgets are charged after merging.
+#[derive(Debug, Clone)]
+pub struct TreeBuilder {
+    tokens: Vec<i32>,
+    parents: Vec<u32>,
+    depths: Vec<u32>,
+    first_child: Vec<u32>,
+    last_child: Vec<u32>,
+    next_sibling: Vec<u32>,
+}
+
+impl TreeBuilder {
+    /// A builder holding only the root.
+    #[must_use]
+    pub fn new(root: i32) -> Self {
+        Self {
+            tokens: vec![root],
+            parents: vec![NIL],
+            depths: vec![0],
+            first_child: vec![NIL],
+            last_child: vec![NIL],
+            next_sibling: vec![NIL],
+        }
+    }
+
+    /// Distinct nodes, root included.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Always false: the builder holds at least the root.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Token of node `u`.
+    #[must_use]
+    pub fn token(&self, u: u32) -> i32 {
+        self.tokens[u as usize]
+    }
+
+    /// Depth of node `u`.
+    #[must_use]
+    pub fn depth(&self, u: u32) -> u32 {
+        self.depths[u as usize]
+    }
+
+    /// The child of `parent` labelled `token`, if any.
+    #[must_use]
+    pub fn find_child(&self, parent: u32, token: i32) -> Option<u32> {
+        let mut c = self.first_child[parent as usize];
+        while c != NIL {
+            if self.tokens[c as usize] == token {
+                return Some(c);
+            }
+            c = self.next_sibling[c as usize];
+        }
+        None
+    }
+
+    /// The child of `parent` labelled `token`, created if missing and the tree holds fewer than
+    /// `budget` nodes. Returns `(node, created)`, or `None` when the budget is exhausted.
+    pub fn child_or_insert(
+        &mut self,
+        parent: u32,
+        token: i32,
+        budget: usize,
+    ) -> Option<(u32, bool)> {
+        if let Some(c) = self.find_child(parent, token) {
+            return Some((c, false));
+        }
+        if self.len() >= budget {
+            return None;
+        }
+        let c = self.tokens.len() as u32;
+        self.tokens.push(token);
+        self.parents.push(parent);
+        self.depths.push(self.depths[parent as usize] + 1);
+        self.first_child.push(NIL);
+        self.last_child.push(NIL);
+        self.next_sibling.push(NIL);
+        let last = self.last_child[parent as usize];
+        if last == NIL {
+            self.first_child[parent as usize] = c;
+        } else {
+            self.next_sibling[last as usize] = c;
+        }
+        self.last_child[parent as usize] = c;
+        Some((c, true))
+    }
+
+    /// Insert `path` below the root, merging with existing nodes, until `budget` nodes exist.
+    pub fn insert_path(&mut self, path: &[i32], budget: usize) {
+        let mut u = 0u32;
+        for &t in path {
+            match self.child_or_insert(u, t, budget) {
+                Some((c, _)) => u = c,
+                None => return,
+            }
+        }
+    }
+
+    /// Flatten into BFS order (children in insertion order, which is deterministic).
+    #[must_use]
+    pub fn finish(&self) -> DraftTree {
+        let n = self.len();
+        let mut order = Vec::with_capacity(n);
+        let mut new_index = vec![0i32; n];
+        order.push(0u32);
+        let mut head = 0;
+        while head < order.len() {
+            let u = order[head];
+            new_index[u as usize] = head as i32;
+            head += 1;
+            let mut c = self.first_child[u as usize];
+            while c != NIL {
+                order.push(c);
+                c = self.next_sibling[c as usize];
+            }
+        }
+        let tokens = order.iter().map(|&u| self.tokens[u as usize]).collect();
+        let parents = order
+            .iter()
+            .map(|&u| {
+                let p = self.parents[u as usize];
+                if p == NIL { -1 } else { new_index[p as usize] }
+            })
+            .collect();
+        let depths = order
+            .iter()
+            .map(|&u| self.depths[u as usize] as i32)
+            .collect();
+        DraftTree::from_valid(tokens, parents, depths)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builder_merges_paths_and_flattens_bfs() {
+        let mut b = TreeBuilder::new(7);
+        b.insert_path(&[1, 2, 3], 64);
+        b.insert_path(&[1, 2, 4], 64);
+        b.insert_path(&[5], 64);
+        assert_eq!(b.len(), 6);
+        let t = b.finish();
+        assert_eq!(t.tokens(), &[7, 1, 5, 2, 3, 4]);
+        assert_eq!(t.parents(), &[-1, 0, 0, 1, 3, 3]);
+        assert_eq!(t.depths(), &[0, 1, 1, 2, 3, 3]);
+    }
+
+    #[test]
+    fn budget_counts_distinct_nodes() {
+        let mut b = TreeBuilder::new(0);
+        b.insert_path(&[1, 2, 3], 3);
+        b.insert_path(&[1, 9], 3);
+        assert_eq!(b.len(), 3);
+    }
+
+    #[test]
+    fn mask_and_accept() {
+        let t = DraftTree::from_parents(vec![7, 1, 5, 2], vec![-1, 0, 0, 1]).unwrap();
+        let m = t.attention_mask();
+        assert_eq!(&m[12..16], &[true, true, false, true]);
+        let (path, bonus) = t.greedy_accept(&[1, 2, 0, 8]).unwrap();
+        assert_eq!(path, vec![0, 1, 3]);
+        assert_eq!(bonus, 8);
+        let (paths, rows, cols) = t.leaf_paths();
+        assert_eq!((rows, cols), (2, 3));
+        assert_eq!(paths, vec![0, 2, -1, 0, 1, 3]);
+    }
+
+    #[test]
+    fn rejects_bad_trees() {
+        assert!(DraftTree::from_parents(vec![], vec![]).is_err());
+        assert!(DraftTree::from_parents(vec![1, 2], vec![-1, 1]).is_err());
+        assert!(DraftTree::from_parents(vec![1, 2, 2], vec![-1, 0, 0]).is_err());
+        assert!(DraftTree::from_parents(vec![1, 2, 3, 4], vec![-1, 0, 1, 0]).is_err());
+        assert!(DraftTree::from_parents(vec![1, -2], vec![-1, 0]).is_err());
+    }
+}
