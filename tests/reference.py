@@ -1,0 +1,78 @@
+"""Slow, obviously correct pure-Python oracles for the Rust core."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class ReferenceIndex:
+    """Brute-force counterpart of `racer_rs.Automaton` (no eviction)."""
+
+    def __init__(self, ngram: int, min_depth: int = 2) -> None:
+        self.ngram = ngram
+        self.min_depth = min_depth
+        self.sequences: list[list[int]] = [[]]
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.sequences[-1].extend(int(t) for t in tokens)
+
+    def new_sequence(self) -> None:
+        self.sequences.append([])
+
+    def count(self, pattern: Sequence[int]) -> int:
+        p = list(pattern)
+        n = len(p)
+        return sum(
+            1 for s in self.sequences for i in range(len(s) - n + 1) if s[i : i + n] == p
+        )
+
+    def continuations(self, next_token: int) -> set[tuple[int, ...]]:
+        """Every token path P (starting with next_token) such that s + P occurred in one
+        sequence for a suffix s of the current sequence with a border deep enough."""
+        current = self.sequences[-1]
+        found: set[tuple[int, ...]] = set()
+        for slen in range(self.min_depth - 1, min(len(current), self.ngram - 1) + 1):
+            s = current[len(current) - slen :] if slen else []
+            for seq in self.sequences:
+                for i in range(len(seq) - slen):
+                    if seq[i : i + slen] != s or seq[i + slen] != next_token:
+                        continue
+                    for plen in range(1, self.ngram - slen + 1):
+                        if i + slen + plen > len(seq):
+                            break
+                        found.add(tuple(seq[i + slen : i + slen + plen]))
+        return found
+
+
+def tree_paths(tokens: Sequence[int], parents: Sequence[int]) -> list[tuple[int, ...]]:
+    """Token path from the root to every node."""
+    paths: list[tuple[int, ...]] = []
+    for i, t in enumerate(tokens):
+        p = parents[i]
+        paths.append((int(t),) if p < 0 else (*paths[p], int(t)))
+    return paths
+
+
+def ancestor_mask(parents: Sequence[int]) -> list[list[bool]]:
+    """Row i marks i and every ancestor of i, found by walking up."""
+    n = len(parents)
+    mask = [[False] * n for _ in range(n)]
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i][j] = True
+            j = parents[j]
+    return mask
+
+
+def greedy_walk(
+    tokens: Sequence[int], parents: Sequence[int], predicted: Sequence[int]
+) -> tuple[list[int], int]:
+    """Follow the child whose token equals the parent's prediction, from the root."""
+    path = [0]
+    while True:
+        u = path[-1]
+        nxt = [c for c in range(len(tokens)) if parents[c] == u and tokens[c] == predicted[u]]
+        if not nxt:
+            return path, int(predicted[u])
+        path.append(nxt[0])

@@ -1,0 +1,164 @@
+"""Hypothesis properties of the Rust core against the pure-Python oracles in tests/reference.py."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from racer_rs import Automaton, DraftTree, LogitsTable, build_draft_tree
+from tests.reference import ReferenceIndex, ancestor_mask, greedy_walk, tree_paths
+
+settings.register_profile("fast", max_examples=25, deadline=None)
+settings.register_profile(
+    "ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
+
+# Small alphabets make repeats (and so real retrieval work) likely.
+token_lists = st.lists(st.integers(0, 5), min_size=0, max_size=60)
+workloads = st.lists(st.tuples(token_lists, st.booleans()), min_size=1, max_size=4)
+
+
+def feed(workload: list[tuple[list[int], bool]], ngram: int, capacity: int = 100_000):
+    a = Automaton(ngram=ngram, capacity=capacity)
+    ref = ReferenceIndex(ngram)
+    for tokens, new_seq in workload:
+        a.extend(np.asarray(tokens, dtype=np.int32))
+        ref.extend(tokens)
+        if new_seq:
+            a.new_sequence()
+            ref.new_sequence()
+    return a, ref
+
+
+@given(workloads, st.integers(2, 6), st.lists(st.integers(0, 5), min_size=1, max_size=6))
+def test_count_equals_brute_force_without_eviction(workload, ngram, pattern):
+    a, ref = feed(workload, ngram)
+    pattern = pattern[:ngram]
+    assert a.count(pattern) == ref.count(pattern)
+    # Every substring that ends at the newest token is already counted.
+    last = ref.sequences[-1]
+    for k in range(1, min(ngram, len(last)) + 1):
+        assert a.count(last[-k:]) == ref.count(last[-k:])
+    a.check_integrity()
+
+
+@given(workloads, st.integers(2, 6), st.integers(0, 5), st.integers(1, 80))
+def test_retrieve_is_sound_and_complete(workload, ngram, next_token, budget):
+    a, ref = feed(workload, ngram)
+    tree = a.retrieve(next_token, budget)
+    allowed = ref.continuations(next_token)
+    paths = tree_paths(tree.tokens, tree.parents)
+    assert paths[0] == (next_token,)
+    assert set(paths[1:]) <= allowed  # sound: every path is a real continuation
+    assert len(tree) == min(budget, len(allowed | {(next_token,)}))  # complete when room
+    if budget > len(allowed):
+        assert set(paths) == allowed | {(next_token,)}
+    a.check_integrity()  # retrieve never breaks anything
+
+
+@given(
+    st.lists(st.integers(0, 6), min_size=1, max_size=400),
+    st.integers(2, 5),
+    st.integers(0, 40),
+    st.integers(0, 6),
+)
+def test_eviction_keeps_budget_integrity_and_newest_window(tokens, ngram, extra, probe):
+    capacity = ngram * (ngram + 1) // 2 + extra
+    a = Automaton(ngram=ngram, capacity=capacity)
+    ref = ReferenceIndex(ngram)
+    for start in range(0, len(tokens), 7):
+        chunk = tokens[start : start + 7]
+        a.extend(chunk)
+        ref.extend(chunk)
+        assert len(a) <= capacity
+        a.retrieve(probe, 16)
+    a.check_integrity()
+    for k in range(1, min(ngram, len(tokens)) + 1):
+        assert 1 <= a.count(tokens[-k:]) <= ref.count(tokens[-k:])
+    assert a.match_length == min(ngram, len(tokens))
+
+
+def full_table(vocab: int, k: int, seed: int = 0) -> LogitsTable:
+    rng = np.random.default_rng(seed)
+    table = LogitsTable(vocab, k)
+    rows = np.stack([rng.choice(vocab, size=k, replace=False) for _ in range(vocab)])
+    table.update(np.arange(vocab, dtype=np.int32), rows.astype(np.int32))
+    return table
+
+
+def level_sizes(tree: DraftTree) -> list[int]:
+    return np.bincount(tree.depths).tolist()
+
+
+def test_expand_shapes_match_the_reference_rule():
+    # Distinct tokens everywhere: a long-period table where no row repeats a token nearby.
+    vocab, k = 100_000, 8
+    table = LogitsTable(vocab, k)
+    ids = (np.arange(vocab * k, dtype=np.int64).reshape(vocab, k) + 1) % vocab
+    table.update(np.arange(vocab, dtype=np.int32), ids.astype(np.int32))
+    assert level_sizes(table.expand(0, 16)) == [1, 8, 7]
+    assert level_sizes(table.expand(0, 32)) == [1, 8, 12, 11]
+    assert level_sizes(table.expand(0, 64)) == [1, 8, 12, 17, 18, 8]
+    assert level_sizes(table.expand(0, 64, exempt_depth=0)) == [1, 8, 19, 24, 12]
+
+
+def test_unseen_rows_produce_no_children():
+    table = LogitsTable(10, 4)
+    assert len(table.expand(3, 64)) == 1
+    assert table.row(3) is None
+
+
+@given(workloads, st.integers(0, 5), st.integers(1, 150), st.booleans(), st.booleans())
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_build_draft_tree_size_shape_and_mask(workload, next_token, capacity, use_r, use_l):
+    a, _ = feed(workload, 4)
+    table = full_table(6, 3, seed=capacity)
+    tree = build_draft_tree(a, table, next_token, capacity, use_retrieval=use_r, use_logits=use_l)
+    big = build_draft_tree(a, table, next_token, 4000, use_retrieval=use_r, use_logits=use_l)
+    assert len(tree) == min(capacity, len(big))
+    assert tree.tokens[0] == next_token and tree.parents[0] == -1
+    parents = tree.parents.tolist()
+    assert all(0 <= parents[i] < i for i in range(1, len(tree)))
+    assert np.all(np.diff(tree.depths) >= 0)  # BFS order
+    siblings = list(zip(tree.parents.tolist(), tree.tokens.tolist(), strict=True))
+    assert len(set(siblings)) == len(siblings)  # distinct sibling tokens
+    assert tree.attention_mask().tolist() == ancestor_mask(parents)
+    again = build_draft_tree(a, table, next_token, capacity, use_retrieval=use_r, use_logits=use_l)
+    assert again.tokens.tolist() == tree.tokens.tolist()  # deterministic
+    assert again.parents.tolist() == parents
+
+
+@given(st.integers(1, 40), st.integers(0, 2**32 - 1))
+def test_greedy_accept_and_leaf_paths_match_brute_force(n, seed):
+    rng = np.random.default_rng(seed)
+    parents = [-1]
+    tokens = [int(rng.integers(0, 4))]
+    for i in range(1, n):
+        p = int(rng.integers(max(0, parents[-1]), i)) if i > 1 else 0
+        used = {tokens[c] for c in range(i) if parents[c] == p}
+        free = [t for t in range(8) if t not in used]
+        if not free:
+            break
+        parents.append(p)
+        tokens.append(int(rng.choice(free)))
+    depths = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depths[i] = depths[parents[i]] + 1
+    order = sorted(range(len(parents)), key=lambda i: (depths[i], i))
+    remap = {old: new for new, old in enumerate(order)}
+    tokens = [tokens[i] for i in order]
+    parents = [-1 if parents[i] < 0 else remap[parents[i]] for i in order]
+    tree = DraftTree(tokens, parents)
+    predicted = rng.integers(0, 8, size=len(tokens)).astype(np.int32)
+    assert tree.greedy_accept(predicted) == greedy_walk(tokens, parents, predicted.tolist())
+    rows = tree.leaf_paths()
+    leaves = [i for i in range(len(tokens)) if i not in set(parents)]
+    assert rows.shape == (len(leaves), max(tree.depths) + 1)
+    for row, leaf in zip(rows.tolist(), leaves, strict=True):
+        path = [i for i in row if i >= 0]
+        assert path[-1] == leaf and path[0] == 0
+        assert all(parents[path[j + 1]] == path[j] for j in range(len(path) - 1))
