@@ -1,0 +1,253 @@
+"""``racer bench``: a Spec-Bench-style benchmark of every method side by side.
+
+With no arguments it runs a modest but real benchmark on the shipped reference model
+(``models/pycode-target-7m``) and code-completion prompts (``data/code_completion.jsonl``):
+ar, pld, token_recycling and racer (plus tts when available), sampling at T=0.8/top-p 0.95
+and greedy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from racer_rs.cli import common
+from racer_rs.cli.data import load_benchmark
+from racer_rs.cli.errors import EXIT_MISMATCH, CLIError, one_line
+from racer_rs.cli.loading import eos_token_ids
+from racer_rs.cli.options import parse_options
+from racer_rs.cli.report import build_report, format_table, mismatched_records, summarise, write_json
+from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
+from racer_rs.cli.runner import BenchConfig, BenchmarkRunner, Record, Setting
+
+DEFAULT_METHODS = ("ar", "pld", "token_recycling", "racer", "tts")
+DEFAULT_LIMIT = 6
+DEFAULT_MAX_NEW_TOKENS = 192
+DEFAULT_TEMPERATURES = (0.8, 0.0)
+DEFAULT_TOP_P = 0.95
+
+DESCRIPTION = f"""\
+Benchmark drafting methods side by side on Spec-Bench-format prompts. Every method runs on the
+same prompts in one process, interleaved per question; speedup is against ar from the same run.
+Greedy settings check every method's tokens against ar (a mismatch exits with code 1).
+Defaults: the shipped models/pycode-target-7m, the first {DEFAULT_LIMIT} prompts of
+data/code_completion.jsonl, {DEFAULT_MAX_NEW_TOKENS} new tokens, methods
+{",".join(DEFAULT_METHODS)} (those available), temperatures 0.8 (top-p 0.95) and 0 (greedy)."""
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register the ``bench`` subcommand."""
+    parser = subparsers.add_parser("bench", help="benchmark methods side by side", description=DESCRIPTION)
+    parser.add_argument("--data", nargs="+", metavar="FILE", help="Spec-Bench-format .jsonl files")
+    parser.add_argument("--methods", help="comma-separated methods (ar is always added as the baseline)")
+    parser.add_argument("--max-new-tokens", type=common.positive_int, default=DEFAULT_MAX_NEW_TOKENS)
+    parser.add_argument(
+        "--limit", type=common.positive_int, default=DEFAULT_LIMIT, help="questions per data file"
+    )
+    parser.add_argument("--all", dest="limit", action="store_const", const=None, help="every question")
+    parser.add_argument("--warmup", type=common.non_negative_int, default=1, help="untimed runs per method")
+    parser.add_argument("--repeat", type=common.positive_int, default=1, help="timed runs per turn (median)")
+    parser.add_argument(
+        "--temperature",
+        type=common.non_negative_float,
+        nargs="+",
+        default=list(DEFAULT_TEMPERATURES),
+        help="one or more settings, run in turn; 0 = greedy (default: 0.8 0)",
+    )
+    parser.add_argument("--top-p", type=common.probability, default=DEFAULT_TOP_P, help="for sampling settings")
+    parser.add_argument("--top-k", type=common.non_negative_int, default=0, help="for sampling settings")
+    parser.add_argument("--capacity", type=common.positive_int, default=64, help="draft tree nodes")
+    parser.add_argument("--seed", type=common.non_negative_int, default=0, help="question i uses seed + i")
+    parser.add_argument("--persistent", action="store_true", help="keep drafter state across requests")
+    parser.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    common.add_model_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def _methods(args: argparse.Namespace) -> list[str]:
+    if args.methods is None:
+        available = common.available_methods()
+        return [m for m in DEFAULT_METHODS if m in available]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods:
+        raise CLIError("--methods: no method given")
+    common.check_methods(methods)
+    if "ar" not in methods:
+        methods.insert(0, "ar")
+    else:  # ar first: it is the baseline every other method is compared with
+        methods.remove("ar")
+        methods.insert(0, "ar")
+    return methods
+
+
+def _settings(args: argparse.Namespace) -> list[Setting]:
+    settings = []
+    for temperature in dict.fromkeys(args.temperature):
+        if temperature == 0.0:
+            settings.append(Setting(0.0))
+        else:
+            settings.append(Setting(temperature, args.top_p, args.top_k))
+    return settings
+
+
+def _versions() -> dict[str, str]:
+    import numpy
+    import torch
+    import transformers
+
+    import racer_rs
+
+    return {
+        "racer_rs": str(racer_rs.__version__),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _config(
+    args: argparse.Namespace,
+    models: common.LoadedModels,
+    data: list[str],
+    config: BenchConfig,
+    state_by_method: dict[str, str],
+) -> dict[str, Any]:
+    import torch
+
+    return {
+        "command": ["racer", *getattr(args, "argv", [])],
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": models.model_path,
+        "draft_model": models.draft_path,
+        "dtype": args.dtype,
+        "device": models.device,
+        "data": data,
+        "limit_per_file": args.limit,
+        "methods": config.methods,
+        "method_options": {
+            m: {k: v for k, v in opts.items() if k != "draft_model"} for m, opts in config.method_options.items()
+        },
+        "state": "persistent" if config.persistent else "per-request",
+        "state_by_method": state_by_method,
+        "settings": [
+            {"label": s.label, "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k}
+            for s in config.settings
+        ],
+        "max_new_tokens": config.max_new_tokens,
+        "capacity": config.capacity,
+        "warmup": config.warmup,
+        "repeat": config.repeat,
+        "seed": config.seed,
+        "eos_token_id": config.eos_token_id,
+        "versions": _versions(),
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "cuda_device": torch.cuda.get_device_name(0) if models.device.startswith("cuda") else None,
+        },
+    }
+
+
+class _Progress:
+    """tqdm bar over generate calls showing the running MAT per method of the current setting."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self._bar: Any = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:  # tqdm is optional; run without a bar
+                tqdm = None
+            if tqdm is not None:
+                self._bar = tqdm(total=total, desc="bench", unit="req", file=sys.stderr, dynamic_ncols=True)
+        self._totals: dict[tuple[str, str], list[int]] = {}
+
+    def __call__(self, record: Record) -> None:
+        totals = self._totals.setdefault((record.setting, record.method), [0, 0])
+        totals[0] += record.new_tokens
+        totals[1] += record.steps
+        if self._bar is None:
+            return
+        running = {
+            method: f"{tokens / steps:.2f}" if steps else "-"
+            for (setting, method), (tokens, steps) in self._totals.items()
+            if setting == record.setting
+        }
+        self._bar.set_description(f"bench [{record.setting}]")
+        self._bar.set_postfix(running, refresh=False)
+        self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``racer bench``; return the exit code (1 when a greedy run found a mismatch)."""
+    from racer_rs import drafters, generation
+
+    data = [str(p) for p in args.data] if args.data else [resolve_shipped(p, "--data") for p in DEFAULT_BENCH_DATA]
+    questions = load_benchmark(data, args.limit)
+    methods = _methods(args)
+    options = parse_options(args.option, methods)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {out} exists and is not a folder")
+
+    models = common.LoadedModels(args, methods)
+    config = BenchConfig(
+        methods=methods,
+        method_options={m: models.method_options(m, options[m]) for m in methods},
+        settings=_settings(args),
+        max_new_tokens=args.max_new_tokens,
+        capacity=args.capacity,
+        warmup=args.warmup,
+        repeat=args.repeat,
+        seed=args.seed,
+        persistent=args.persistent,
+        eos_token_id=eos_token_ids(models.model, models.tokenizer),
+    )
+    # Looked up at call time so that tests can substitute a deliberately wrong engine.
+    runner = BenchmarkRunner(models.model, models.tokenizer, config, generation.generate, drafters.make_drafter)
+    runner.build_drafters()  # fail on bad method options before any timing starts
+
+    calls = len(config.settings) * len(methods) * sum(len(q.turns) for q in questions)
+    progress = _Progress(calls, enabled=not args.no_progress)
+    try:
+        records = runner.run(questions, progress)
+    finally:
+        progress.close()
+
+    summary = summarise(records, methods)
+    print(format_table(summary, methods))
+    out.mkdir(parents=True, exist_ok=True)
+    report = build_report(_config(args, models, data, config, runner.state_by_method), records, summary)
+    json_path = out / "bench.json"
+    write_json(report, json_path)
+    written = [json_path]
+    if not args.no_plots:
+        from racer_rs.cli.plots import write_plots
+
+        written += write_plots(summary, records, methods, config.max_new_tokens, out)
+    print("wrote " + ", ".join(str(p) for p in written))
+
+    mismatches = mismatched_records(records)
+    if mismatches:
+        for record in mismatches:
+            print(
+                f"racer: MISMATCH: {record.method} differs from ar at token {record.first_mismatch} "
+                f"({record.source} question {record.question_id}, turn {record.turn}, {record.setting})",
+                file=sys.stderr,
+            )
+        return EXIT_MISMATCH
+    return 0

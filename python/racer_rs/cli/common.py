@@ -1,0 +1,179 @@
+"""Arguments and checks shared by ``racer generate`` and ``racer bench``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from racer_rs.cli.errors import CLIError
+from racer_rs.cli.loading import DTYPES
+
+#: Methods whose drafter is a separate draft model (passed as the ``draft_model`` option).
+DRAFT_MODEL_METHODS = frozenset({"draft_model", "tts", "racer_tts"})
+#: Keyword arguments of ``racer_rs.generate`` that have their own flags; not valid as --option.
+RESERVED_OPTIONS = frozenset(
+    {
+        "model",
+        "input_ids",
+        "method",
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "eos_token_id",
+        "capacity",
+        "seed",
+        "streamer",
+        "drafter",
+        "draft_model",
+    }
+)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite float >= 0."""
+    value = _float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def probability(text: str) -> float:
+    """argparse type: a float in (0, 1]."""
+    value = _float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add --model, --draft-model, --dtype, --device and --threads."""
+    parser.add_argument(
+        "--model",
+        help="target model: a local folder or a hub id (default: the shipped models/pycode-target-7m)",
+    )
+    parser.add_argument(
+        "--draft-model",
+        help="draft model for draft_model/tts/racer_tts (default: the shipped models/pycode-draft-1m)",
+    )
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default: float32)")
+    parser.add_argument("--device", default="auto", help="torch device, or auto (default: auto)")
+    parser.add_argument(
+        "--threads", type=positive_int, help="torch CPU threads (default: torch's choice)"
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="method option passed to the drafter (JSON value); repeatable",
+    )
+
+
+def available_methods() -> list[str]:
+    """The method names of the drafter registry."""
+    from racer_rs import drafters
+
+    return list(drafters.available_methods())
+
+
+def check_methods(methods: Sequence[str]) -> None:
+    """Raise CLIError for an unknown or repeated method name."""
+    known = available_methods()
+    for method in methods:
+        if method not in known:
+            raise CLIError(f"unknown method {method!r} (available: {', '.join(known)})")
+    repeated = sorted({m for m in methods if list(methods).count(m) > 1})
+    if repeated:
+        raise CLIError(f"method {repeated[0]!r} is listed more than once")
+
+
+def check_options(options: dict[str, Any], method: str) -> None:
+    """Reject --option keys that have their own flag (they would clash inside generate)."""
+    for key in options:
+        if key in RESERVED_OPTIONS:
+            raise CLIError(f"--option {key!r} (method {method}): use the dedicated flag instead")
+
+
+class LoadedModels:
+    """The target model, its tokenizer and (when a method needs one) the draft model.
+
+    Attributes:
+        model_path: Where the target came from.
+        draft_path: Where the draft came from, or None when no method needs one.
+        device: The resolved torch device string.
+    """
+
+    def __init__(self, args: argparse.Namespace, methods: Sequence[str]) -> None:
+        from racer_rs.cli.loading import (
+            check_model_path,
+            load_model,
+            load_tokenizer,
+            resolve_device,
+        )
+        from racer_rs.cli.resources import (
+            DEFAULT_DRAFT_MODEL,
+            DEFAULT_TARGET_MODEL,
+            resolve_shipped,
+        )
+
+        self.model_path: str = args.model or resolve_shipped(DEFAULT_TARGET_MODEL, "--model")
+        check_model_path(self.model_path, "--model")
+        self.draft_path: str | None = None
+        if DRAFT_MODEL_METHODS.intersection(methods):
+            self.draft_path = args.draft_model or resolve_shipped(
+                DEFAULT_DRAFT_MODEL, "--draft-model"
+            )
+            check_model_path(self.draft_path, "--draft-model")
+
+        import torch
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        self.device = resolve_device(args.device)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.model = load_model(self.model_path, args.dtype, self.device)
+        self.draft_model = None
+        if self.draft_path is not None:
+            self.draft_model = load_model(self.draft_path, args.dtype, self.device, "--draft-model")
+
+    def method_options(self, method: str, options: dict[str, Any]) -> dict[str, Any]:
+        """Options to build ``method``'s drafter with: the user's plus the draft model if needed."""
+        check_options(options, method)
+        if method in DRAFT_MODEL_METHODS:
+            return {**options, "draft_model": self.draft_model}
+        return dict(options)

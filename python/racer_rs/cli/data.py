@@ -1,0 +1,128 @@
+"""Loading prompt files in the Spec-Bench question format.
+
+Each line of a ``.jsonl`` file is one question::
+
+    {"question_id": 81, "category": "writing", "turns": ["first user turn", "second user turn"]}
+
+Rows with ``"mode": "completion"`` hold raw text to continue without a chat template (for base
+models). Multi-turn questions feed the model's own answer back before the next turn; following
+Spec-Bench's reporting, every question with more than one turn is pooled into the category
+``"multi_turn"`` (the eight MT-Bench categories).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from racer_rs.cli.errors import CLIError
+
+MULTI_TURN_CATEGORY = "multi_turn"
+MODES = ("chat", "completion")
+
+
+@dataclass(frozen=True)
+class Question:
+    """One benchmark question.
+
+    Attributes:
+        question_id: The row's ``question_id`` (an int or a string).
+        category: Reporting category (``multi_turn`` for every multi-turn question).
+        turns: User turns, in order; a completion row has exactly one.
+        mode: ``"chat"`` (apply the chat template when there is one) or ``"completion"``.
+        source: File the question came from.
+        line: 1-based line number in ``source``.
+    """
+
+    question_id: int | str
+    category: str
+    turns: tuple[str, ...]
+    mode: str
+    source: str
+    line: int
+
+
+def _parse_row(row: Any, where: str) -> tuple[int | str, str, tuple[str, ...], str]:
+    """Validate one decoded JSON row; raise CLIError naming ``where`` (file:line) on a bad row."""
+    if not isinstance(row, dict):
+        raise CLIError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    missing = [key for key in ("question_id", "turns") if key not in row]
+    if missing:
+        raise CLIError(f"{where}: missing field {missing[0]!r}")
+    qid = row["question_id"]
+    if isinstance(qid, bool) or not isinstance(qid, (int, str)):
+        raise CLIError(f"{where}: 'question_id' must be an int or a string")
+    turns = row["turns"]
+    if (
+        not isinstance(turns, list)
+        or not turns
+        or not all(isinstance(turn, str) and turn for turn in turns)
+    ):
+        raise CLIError(f"{where}: 'turns' must be a non-empty list of non-empty strings")
+    category = row.get("category", "default")
+    if not isinstance(category, str) or not category:
+        raise CLIError(f"{where}: 'category' must be a non-empty string")
+    mode = row.get("mode", "chat")
+    if mode not in MODES:
+        raise CLIError(f"{where}: 'mode' must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "completion" and len(turns) != 1:
+        raise CLIError(f"{where}: a completion row must have exactly one turn")
+    return qid, category, tuple(turns), mode
+
+
+def load_questions(path: str | Path) -> list[Question]:
+    """Load every question of one jsonl file.
+
+    Args:
+        path: The ``.jsonl`` file. Blank lines are skipped.
+
+    Returns:
+        The questions in file order.
+
+    Raises:
+        CLIError: The file is missing or unreadable, or a row is malformed (the message names the
+            file and the 1-based line).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CLIError(f"data file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CLIError(f"cannot read data file {path}: {exc}") from None
+    questions = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CLIError(f"{where}: invalid JSON ({exc.msg})") from None
+        qid, category, turns, mode = _parse_row(row, where)
+        if len(turns) > 1:
+            category = MULTI_TURN_CATEGORY
+        questions.append(Question(qid, category, turns, mode, str(path), number))
+    if not questions:
+        raise CLIError(f"data file {path} has no questions")
+    return questions
+
+
+def load_benchmark(paths: Sequence[str | Path], limit: int | None) -> list[Question]:
+    """Load several files, keeping at most ``limit`` questions from each.
+
+    Args:
+        paths: The jsonl files, in order.
+        limit: Maximum number of questions taken from the start of each file; None for all.
+
+    Returns:
+        The selected questions, file by file.
+    """
+    questions: list[Question] = []
+    for path in paths:
+        loaded = load_questions(path)
+        questions.extend(loaded if limit is None else loaded[:limit])
+    return questions

@@ -1,0 +1,115 @@
+"""``racer generate``: stream one completion to the terminal, drafted tokens highlighted."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from racer_rs.cli import common
+from racer_rs.cli.errors import CLIError, one_line
+from racer_rs.cli.loading import eos_token_ids
+from racer_rs.cli.options import parse_options
+from racer_rs.cli.prompting import encode_conversation, encode_text, has_chat_template
+from racer_rs.cli.streaming import TerminalStreamer, use_color
+
+DESCRIPTION = """\
+Generate text with speculative decoding, printing it as it is committed. Tokens that came from an
+accepted draft are highlighted (on a terminal); a line of statistics ends the run (on stderr)."""
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register the ``generate`` subcommand."""
+    parser = subparsers.add_parser("generate", help="stream one completion", description=DESCRIPTION)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="prompt text")
+    source.add_argument("--prompt-file", help="file holding the prompt text (- for stdin)")
+    parser.add_argument("--method", default="racer", help="drafting method (default: racer)")
+    parser.add_argument("--max-new-tokens", type=common.positive_int, default=128)
+    parser.add_argument("--temperature", type=common.non_negative_float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=common.probability, default=1.0)
+    parser.add_argument("--top-k", type=common.non_negative_int, default=0, help="0 = off")
+    parser.add_argument("--capacity", type=common.positive_int, default=64, help="draft tree nodes")
+    parser.add_argument("--seed", type=common.non_negative_int, help="random seed for sampling")
+    parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    parser.add_argument(
+        "--color", choices=("auto", "always", "never"), default="auto", help="highlight drafted tokens"
+    )
+    parser.add_argument("--no-color", dest="color", action="store_const", const="never")
+    common.add_model_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        text = str(args.prompt)
+    elif args.prompt_file == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CLIError(f"cannot read --prompt-file {args.prompt_file}: {one_line(exc)}") from None
+    if not text:
+        raise CLIError("the prompt is empty")
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``racer generate``; return the exit code."""
+    import torch
+
+    from racer_rs import drafters, generation
+
+    prompt = _read_prompt(args)
+    common.check_methods([args.method])
+    options = parse_options(args.option, [args.method])[args.method]
+    models = common.LoadedModels(args, [args.method])
+    tokenizer = models.tokenizer
+
+    if args.chat and has_chat_template(tokenizer):
+        input_ids = encode_conversation(tokenizer, [prompt], [])
+    else:
+        if args.chat:
+            print("racer: warning: the tokenizer has no chat template; using the raw prompt", file=sys.stderr)
+        input_ids = encode_text(tokenizer, prompt)
+    if not input_ids:
+        raise CLIError("the prompt encodes to no tokens")
+
+    try:
+        drafter = drafters.make_drafter(args.method, models.model, **models.method_options(args.method, options))
+    except (ValueError, TypeError) as exc:
+        raise CLIError(f"method {args.method}: {one_line(exc)}") from None
+
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    streamer = TerminalStreamer(tokenizer, sys.stdout, use_color(args.color, sys.stdout))
+    start = time.perf_counter()
+    try:
+        result = generation.generate(
+            models.model,
+            input_ids,
+            method=args.method,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            eos_token_id=eos_token_ids(models.model, tokenizer),
+            capacity=args.capacity,
+            seed=args.seed,
+            streamer=streamer,
+            drafter=drafter,
+        )
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        raise CLIError(one_line(exc)) from None
+    elapsed = time.perf_counter() - start
+    new_tokens = len(result.tokens)
+    print(
+        f"new tokens: {new_tokens} | steps: {result.steps} | MAT: {result.mat:.2f} | "
+        f"tokens/s: {new_tokens / elapsed if elapsed > 0 else float('inf'):.1f} | "
+        f"drafted: {streamer.drafted_tokens} | method: {args.method}",
+        file=sys.stderr,
+    )
+    return 0

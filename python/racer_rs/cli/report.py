@@ -1,0 +1,173 @@
+"""Summaries of benchmark records: the terminal table and the JSON report.
+
+Metrics follow Spec-Bench / RACER's evaluation: ``ms/token = 1000 * sum(wall) / sum(new tokens)``
+per category and overall, ``speedup = ar ms/token / method ms/token`` within the same run and
+setting, and ``MAT = sum(new tokens) / sum(steps)`` (the mean tokens committed per verification
+step, bonus included). The decode-only columns leave out prefill time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from racer_rs.cli.runner import Record
+
+SCHEMA_VERSION = 1
+OVERALL = "overall"
+BASELINE = "ar"
+
+
+def _summarise(records: Sequence[Record]) -> dict[str, Any]:
+    tokens = sum(r.new_tokens for r in records)
+    steps = sum(r.steps for r in records)
+    wall = sum(r.wall_s for r in records)
+    decode = sum(r.decode_s for r in records)
+    return {
+        "requests": len(records),
+        "new_tokens": tokens,
+        "steps": steps,
+        "mat": tokens / steps if steps else 0.0,
+        "wall_s": wall,
+        "decode_s": decode,
+        "ms_per_token": 1000.0 * wall / tokens if tokens else math.nan,
+        "decode_ms_per_token": 1000.0 * decode / tokens if tokens else math.nan,
+        "tokens_per_s": tokens / wall if wall > 0 else math.nan,
+        "mismatches": sum(1 for r in records if r.mismatch),
+        "checked": sum(1 for r in records if r.mismatch is not None),
+    }
+
+
+def summarise(records: Sequence[Record], methods: Sequence[str]) -> dict[str, Any]:
+    """Aggregate records per setting, category (plus ``overall``) and method.
+
+    Returns:
+        ``{setting: {category: {method: metrics}}}`` where metrics hold ``mat``,
+        ``ms_per_token``, ``speedup``, ``decode_ms_per_token``, ``decode_speedup``, token and
+        step counts and the number of greedy mismatches against ``ar``.
+    """
+    summary: dict[str, Any] = {}
+    for setting in dict.fromkeys(r.setting for r in records):
+        in_setting = [r for r in records if r.setting == setting]
+        categories = list(dict.fromkeys(r.category for r in in_setting)) + [OVERALL]
+        per_category: dict[str, Any] = {}
+        for category in categories:
+            rows = [r for r in in_setting if category in (OVERALL, r.category)]
+            per_method = {m: _summarise([r for r in rows if r.method == m]) for m in methods}
+            base = per_method.get(BASELINE)
+            for metrics in per_method.values():
+                metrics["speedup"] = _ratio(base, metrics, "ms_per_token")
+                metrics["decode_speedup"] = _ratio(base, metrics, "decode_ms_per_token")
+            per_category[category] = per_method
+        summary[setting] = per_category
+    return summary
+
+
+def _ratio(base: dict[str, Any] | None, metrics: dict[str, Any], key: str) -> float:
+    if base is None or not metrics[key] or math.isnan(metrics[key]):
+        return math.nan
+    return float(base[key] / metrics[key])
+
+
+def mismatched_records(records: Sequence[Record]) -> list[Record]:
+    """The greedy records whose tokens differ from ar's."""
+    return [r for r in records if r.mismatch]
+
+
+def format_table(summary: dict[str, Any], methods: Sequence[str]) -> str:
+    """Render the summary as a plain-text table, one block per setting."""
+    header = ("category", "method", "MAT", "ms/tok", "speedup", "dec ms/tok", "dec speedup", "tokens", "check")
+    lines: list[str] = []
+    for setting, per_category in summary.items():
+        rows: list[tuple[str, ...]] = []
+        for category, per_method in per_category.items():
+            for position, method in enumerate(methods):
+                m = per_method[method]
+                if m["checked"] == 0:
+                    check = "-"
+                elif m["mismatches"]:
+                    check = f"MISMATCH {m['mismatches']}/{m['checked']}"
+                else:
+                    check = "ok"
+                rows.append(
+                    (
+                        category if position == 0 else "",
+                        method,
+                        f"{m['mat']:.2f}",
+                        f"{m['ms_per_token']:.2f}",
+                        f"{m['speedup']:.2f}x",
+                        f"{m['decode_ms_per_token']:.2f}",
+                        f"{m['decode_speedup']:.2f}x",
+                        str(m["new_tokens"]),
+                        check,
+                    )
+                )
+        widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))]
+
+        def render(row: Sequence[str]) -> str:
+            cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
+            cells += [cell.rjust(width) for cell, width in zip(row[2:], widths[2:])]
+            return "  ".join(cells).rstrip()
+
+        lines.append(f"== {setting} ==")
+        lines.append(render(header))
+        lines.append("  ".join("-" * width for width in widths))
+        lines.extend(render(row) for row in rows)
+        lines.append("")
+    return "\n".join(lines).rstrip("\n")
+
+
+def _json_safe(value: Any) -> Any:
+    """Convert numpy/torch scalars and arrays, tuples and odd objects to JSON-ready values."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(key): _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_json_safe(item) for item in value]
+    if hasattr(value, "tolist"):  # numpy arrays/scalars, torch tensors
+        return _json_safe(value.tolist())
+    return str(value)
+
+
+def _record_dict(record: Record) -> dict[str, Any]:
+    # Not dataclasses.asdict: it deep-copies extras, which may hold tensors.
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+
+
+def build_report(
+    config: dict[str, Any], records: Sequence[Record], summary: dict[str, Any]
+) -> dict[str, Any]:
+    """Assemble the JSON report (schema version :data:`SCHEMA_VERSION`)."""
+    mismatches = mismatched_records(records)
+    return _json_safe(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "config": config,
+            "summary": summary,
+            "mismatches": [
+                {
+                    "setting": r.setting,
+                    "question_id": r.question_id,
+                    "source": r.source,
+                    "turn": r.turn,
+                    "method": r.method,
+                    "first_mismatch": r.first_mismatch,
+                }
+                for r in mismatches
+            ],
+            "ok": not mismatches,
+            "records": [_record_dict(r) for r in records],
+        }
+    )
+
+
+def write_json(report: dict[str, Any], path: Path) -> None:
+    """Write the report as indented JSON (non-finite numbers already mapped to null)."""
+    path.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n", encoding="utf-8")

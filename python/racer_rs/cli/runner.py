@@ -1,0 +1,298 @@
+"""The benchmark loop: every method on every question, interleaved, with per-turn records.
+
+For each sampling setting, every question is run by every method before the next question starts
+(the method order rotates per question), so machine noise hits all methods alike. Each turn of a
+question is one :func:`racer_rs.generate` call timed end to end (prefill included); multi-turn
+questions feed each method its own previous answer.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from racer_rs.cli.data import Question
+from racer_rs.cli.errors import CLIError, one_line
+from racer_rs.cli.prompting import encode_conversation, encode_text
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One decoding setting of a benchmark run.
+
+    Attributes:
+        temperature: 0 for greedy.
+        top_p: Nucleus threshold (ignored when greedy).
+        top_k: Top-k filter, 0 for none (ignored when greedy).
+    """
+
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        """True for greedy decoding."""
+        return self.temperature == 0.0
+
+    @property
+    def label(self) -> str:
+        """Short name used in tables, JSON keys and plots."""
+        if self.greedy:
+            return "greedy"
+        label = f"T={self.temperature:g},top_p={self.top_p:g}"
+        return label + (f",top_k={self.top_k}" if self.top_k else "")
+
+
+@dataclass
+class BenchConfig:
+    """What the runner needs besides the models and questions.
+
+    Attributes:
+        methods: Method names; ``"ar"`` first (the speedup and equality baseline).
+        method_options: Per method, the keyword options its drafter is built with.
+        settings: Decoding settings, run one after the other.
+        max_new_tokens: Token budget per turn.
+        capacity: Draft tree capacity (nodes, root included).
+        warmup: Untimed runs of the first question per method and setting.
+        repeat: Timed runs per turn (the median time is reported).
+        seed: Base seed; question ``i`` uses ``seed + i``.
+        persistent: Keep drafter state across requests instead of starting fresh each request.
+        eos_token_id: End-of-sequence id(s).
+    """
+
+    methods: list[str]
+    method_options: dict[str, dict[str, Any]]
+    settings: list[Setting]
+    max_new_tokens: int
+    capacity: int
+    warmup: int
+    repeat: int
+    seed: int
+    persistent: bool
+    eos_token_id: list[int] | None
+
+
+@dataclass
+class Record:
+    """One timed generate call: (setting, question, turn, method)."""
+
+    setting: str
+    question_index: int
+    question_id: int | str
+    category: str
+    source: str
+    turn: int
+    method: str
+    seed: int
+    prompt_tokens: int
+    new_tokens: int
+    steps: int
+    mat: float
+    wall_s: float
+    prefill_s: float
+    decode_s: float
+    wall_s_repeats: list[float]
+    timings: dict[str, float]
+    accepted_lengths: list[int]
+    positions: list[int]
+    tokens: list[int]
+    extras: dict[str, Any] = field(default_factory=dict)
+    mismatch: bool | None = None  # None: not checked (sampling, or this is ar itself)
+    first_mismatch: int | None = None
+
+
+ProgressHook = Callable[[Record], None]
+
+
+def first_difference(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
+    """Index of the first position where two token lists differ (a length difference counts)."""
+    for index, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return index
+    if len(tokens) != len(reference):
+        return min(len(tokens), len(reference))
+    return None
+
+
+class BenchmarkRunner:
+    """Runs the interleaved benchmark.
+
+    Args:
+        model: The target model.
+        tokenizer: Its tokenizer.
+        config: The run configuration.
+        generate: The generation function (``racer_rs.generation.generate``).
+        make_drafter: The drafter factory (``racer_rs.drafters.make_drafter``).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: BenchConfig,
+        generate: Callable[..., Any],
+        make_drafter: Callable[..., Any],
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self._generate = generate
+        self._make_drafter = make_drafter
+        self._synchronize = _device_synchronizer(model)
+        #: Per method in persistent mode: "persistent", or "stateless" when it takes no such option.
+        self.state_by_method: dict[str, str] = {}
+
+    def build_drafters(self) -> dict[str, Any]:
+        """Build one drafter per method; bad options become a CLIError naming the method."""
+        drafters = {}
+        for method in self.config.methods:
+            options = dict(self.config.method_options.get(method, {}))
+            drafter = None
+            if self.config.persistent:
+                try:
+                    drafter = self._make_drafter(method, self.model, persistent=True, **options)
+                    self.state_by_method[method] = "persistent"
+                except (ValueError, TypeError):
+                    # ar, pld, ...: no state to keep across requests, so no such option.
+                    self.state_by_method[method] = "stateless"
+            if drafter is None:
+                try:
+                    drafter = self._make_drafter(method, self.model, **options)
+                except (ValueError, TypeError) as exc:
+                    raise CLIError(f"method {method}: {one_line(exc)}") from None
+            drafters[method] = drafter
+        return drafters
+
+    def run(self, questions: Sequence[Question], progress: ProgressHook | None = None) -> list[Record]:
+        """Run every setting, question, turn and method; return the records in run order."""
+        records: list[Record] = []
+        for setting in self.config.settings:
+            drafters = self.build_drafters()
+            self._warm_up(questions[0], setting, drafters)
+            for index, question in enumerate(questions):
+                question_records: list[Record] = []
+                for method in self._rotated_methods(index):
+                    for record in self._run_question(index, question, method, setting, drafters[method]):
+                        question_records.append(record)
+                        if progress is not None:
+                            progress(record)
+                if setting.greedy:
+                    _check_against_ar(question_records)
+                records.extend(question_records)
+        return records
+
+    def _rotated_methods(self, index: int) -> list[str]:
+        methods = self.config.methods
+        shift = index % len(methods)
+        return methods[shift:] + methods[:shift]
+
+    def _warm_up(self, question: Question, setting: Setting, drafters: dict[str, Any]) -> None:
+        prompt = self._encode(question, 0, [])
+        for _ in range(self.config.warmup):
+            for method in self.config.methods:
+                self._call(prompt, method, setting, drafters[method], self.config.seed, question)
+
+    def _encode(self, question: Question, turn: int, answers: list[str]) -> list[int]:
+        if question.mode == "completion":
+            ids = encode_text(self.tokenizer, question.turns[turn])
+        else:
+            ids = encode_conversation(self.tokenizer, question.turns[: turn + 1], answers)
+        if not ids:
+            raise CLIError(f"{question.source}:{question.line}: the prompt encodes to no tokens")
+        return ids
+
+    def _call(
+        self, prompt: list[int], method: str, setting: Setting, drafter: Any, seed: int, question: Question
+    ) -> tuple[Any, float]:
+        import torch
+
+        torch.manual_seed(seed)
+        self._synchronize()
+        start = time.perf_counter()
+        try:
+            result = self._generate(
+                self.model,
+                prompt,
+                method=method,
+                max_new_tokens=self.config.max_new_tokens,
+                temperature=setting.temperature,
+                top_p=setting.top_p,
+                top_k=setting.top_k,
+                eos_token_id=self.config.eos_token_id,
+                capacity=self.config.capacity,
+                seed=seed,
+                drafter=drafter,
+            )
+        except (ValueError, TypeError, NotImplementedError) as exc:
+            where = f"{question.source}:{question.line}"
+            raise CLIError(f"{where}: method {method}: {one_line(exc)}") from None
+        self._synchronize()
+        return result, time.perf_counter() - start
+
+    def _run_question(
+        self, index: int, question: Question, method: str, setting: Setting, drafter: Any
+    ) -> list[Record]:
+        seed = self.config.seed + index
+        answers: list[str] = []
+        records = []
+        for turn in range(len(question.turns)):
+            prompt = self._encode(question, turn, answers)
+            walls = []
+            result = None
+            for _ in range(self.config.repeat):
+                result, wall = self._call(prompt, method, setting, drafter, seed, question)
+                walls.append(wall)
+            assert result is not None  # repeat >= 1
+            wall = statistics.median(walls)
+            prefill = float(result.timings.get("prefill", 0.0))
+            records.append(
+                Record(
+                    setting=setting.label,
+                    question_index=index,
+                    question_id=question.question_id,
+                    category=question.category,
+                    source=question.source,
+                    turn=turn,
+                    method=method,
+                    seed=seed,
+                    prompt_tokens=len(prompt),
+                    new_tokens=len(result.tokens),
+                    steps=int(result.steps),
+                    mat=float(result.mat),
+                    wall_s=wall,
+                    prefill_s=prefill,
+                    decode_s=max(wall - prefill, 0.0),
+                    wall_s_repeats=walls,
+                    timings={key: float(value) for key, value in result.timings.items()},
+                    accepted_lengths=[int(n) for n in result.accepted_lengths],
+                    positions=[int(p) for p in result.positions],
+                    tokens=[int(t) for t in result.tokens],
+                    extras=dict(result.extras),
+                )
+            )
+            answers.append(self.tokenizer.decode(result.tokens, skip_special_tokens=True))
+        return records
+
+
+def _check_against_ar(records: list[Record]) -> None:
+    """Mark every record of one question whose tokens differ from ar's for the same turn."""
+    reference = {r.turn: r.tokens for r in records if r.method == "ar"}
+    for record in records:
+        if record.method == "ar" or record.turn not in reference:
+            continue
+        record.first_mismatch = first_difference(record.tokens, reference[record.turn])
+        record.mismatch = record.first_mismatch is not None
+
+
+def _device_synchronizer(model: Any) -> Callable[[], None]:
+    """Return a function that waits for queued GPU work (a no-op on the CPU)."""
+    import torch
+
+    device = getattr(model, "device", torch.device("cpu"))
+    if getattr(device, "type", "cpu") == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None

@@ -1,0 +1,327 @@
+"""Tests of ``racer bench``: output files and their schema, the greedy mismatch detector, errors.
+
+Every run uses a tiny random Llama model written to a temporary folder, a handful of prompts and
+a few new tokens, and calls :func:`racer_rs.cli.main` in-process (so the mismatch test can swap in
+a deliberately wrong engine).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import racer_rs.generation  # noqa: E402
+from racer_rs.cli import main  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+ROWS = [
+    {"question_id": 0, "category": "code", "mode": "completion", "turns": ["def f(x):\n    return x\ndef f(x):\n"]},
+    {"question_id": 1, "category": "qa", "turns": ["What is two plus two?"]},
+    {"question_id": 2, "category": "writing", "turns": ["Write a line.", "Now shorten it."]},
+]
+RECORD_FIELDS = {
+    "setting": str,
+    "question_index": int,
+    "question_id": int,
+    "category": str,
+    "source": str,
+    "turn": int,
+    "method": str,
+    "seed": int,
+    "prompt_tokens": int,
+    "new_tokens": int,
+    "steps": int,
+    "mat": float,
+    "wall_s": float,
+    "prefill_s": float,
+    "decode_s": float,
+    "wall_s_repeats": list,
+    "timings": dict,
+    "accepted_lengths": list,
+    "positions": list,
+    "tokens": list,
+    "extras": dict,
+}
+METRIC_FIELDS = ("mat", "ms_per_token", "speedup", "decode_ms_per_token", "decode_speedup", "new_tokens", "steps")
+
+
+def write_tiny_model(folder: Path, seed: int = 0) -> Path:
+    """Write a tiny random Llama model and a byte-level BPE tokenizer (257 tokens) to ``folder``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<|endoftext|>": 0, **{char: index + 1 for index, char in enumerate(alphabet)}}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|endoftext|>", bos_token="<|endoftext|>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    # Zero the output rows of every token but printable ASCII: greedy text is then readable and
+    # soon repeats, so prompt lookup finds drafts that the target accepts.
+    ascii_ids = tokenizer(string.ascii_letters + string.digits + string.punctuation + " \n")["input_ids"]
+    keep = torch.zeros(len(vocab), dtype=torch.bool)
+    keep[ascii_ids] = True
+    with torch.no_grad():
+        model.lm_head.weight[~keep] = 0.0
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "questions.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in ROWS), encoding="utf-8")
+    return path
+
+
+def bench_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "bench",
+        "--model",
+        str(model),
+        "--data",
+        str(data),
+        "--max-new-tokens",
+        "8",
+        "--warmup",
+        "0",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
+
+
+def run_bench(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str, dict[str, Any] | None]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    out = Path(argv[argv.index("--out") + 1])
+    report = json.loads((out / "bench.json").read_text()) if (out / "bench.json").exists() else None
+    return code, captured.out, captured.err, report
+
+
+def test_bench_writes_table_json_and_plots(tiny_model, data_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = bench_args(tiny_model, data_file, out, "--methods", "pld,ar", "--temperature", "0.8", "0", "--repeat", "2")
+    code, stdout, stderr, report = run_bench(capsys, argv)
+    assert code == 0, stderr
+    for name in ("speedup.png", "mat.png", "acceptance_vs_position.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    assert report is not None and report["schema_version"] == 1 and report["ok"] is True
+    assert report["mismatches"] == []
+
+    config = report["config"]
+    assert config["model"] == str(tiny_model)
+    assert config["methods"] == ["ar", "pld"]  # ar first: the baseline
+    assert (config["dtype"], config["device"], config["state"]) == ("float32", "cpu", "per-request")
+    assert [s["label"] for s in config["settings"]] == ["T=0.8,top_p=0.95", "greedy"]
+    assert config["data"] == [str(data_file)] and config["max_new_tokens"] == 8 and config["repeat"] == 2
+    assert set(config["method_options"]) == {"ar", "pld"}
+    assert {"racer_rs", "torch", "transformers"} <= set(config["versions"])
+    assert config["versions"]["torch"] == torch.__version__
+    assert config["command"][:2] == ["racer", "bench"]
+
+    records = report["records"]
+    turns = sum(len(row["turns"]) for row in ROWS)
+    assert len(records) == 2 * 2 * turns  # settings x methods x turns
+    for record in records:
+        for field, kind in RECORD_FIELDS.items():
+            assert isinstance(record[field], kind), (field, record[field])
+        assert 1 <= record["new_tokens"] <= 8 and len(record["tokens"]) == record["new_tokens"]
+        assert sum(record["accepted_lengths"]) == record["new_tokens"]
+        assert len(record["positions"]) == record["steps"] == len(record["accepted_lengths"])
+        assert len(record["wall_s_repeats"]) == 2
+        assert record["prefill_s"] <= record["wall_s"]
+        assert record["decode_s"] == pytest.approx(record["wall_s"] - record["prefill_s"])
+        if record["method"] == "ar":
+            assert set(record["accepted_lengths"]) == {1} and record["mismatch"] is None
+        elif record["setting"] == "greedy":
+            assert record["mismatch"] is False  # checked against ar, and equal
+        else:
+            assert record["mismatch"] is None  # sampling: not comparable token by token
+
+    assert {r["category"] for r in records} == {"code", "qa", "multi_turn"}
+    for setting in ("greedy", "T=0.8,top_p=0.95"):
+        per_category = report["summary"][setting]
+        assert set(per_category) == {"code", "qa", "multi_turn", "overall"}
+        overall = per_category["overall"]
+        assert overall["ar"]["speedup"] == pytest.approx(1.0)
+        for method in ("ar", "pld"):
+            assert all(field in overall[method] for field in METRIC_FIELDS)
+            mine = [r for r in records if r["setting"] == setting and r["method"] == method]
+            tokens = sum(r["new_tokens"] for r in mine)
+            assert overall[method]["new_tokens"] == tokens
+            assert overall[method]["mat"] == pytest.approx(tokens / sum(r["steps"] for r in mine))
+            wall = sum(r["wall_s"] for r in mine)
+            assert overall[method]["ms_per_token"] == pytest.approx(1000 * wall / tokens)
+        assert overall["pld"]["speedup"] == pytest.approx(
+            overall["ar"]["ms_per_token"] / overall["pld"]["ms_per_token"]
+        )
+
+    assert "== greedy ==" in stdout and "== T=0.8,top_p=0.95 ==" in stdout
+    for word in ("overall", "multi_turn", "MAT", "ms/tok", "speedup", "dec ms/tok", "pld", "ok"):
+        assert word in stdout
+    assert "MISMATCH" not in stdout
+
+
+def test_multi_turn_questions_feed_back_the_models_own_answer(tiny_model, data_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, _, stderr, report = run_bench(
+        capsys, bench_args(tiny_model, data_file, out, "--methods", "ar", "--temperature", "0", "--no-plots")
+    )
+    assert code == 0, stderr
+    assert not (out / "speedup.png").exists()
+    first, second = (r for r in report["records"] if r["category"] == "multi_turn")
+    assert (first["turn"], second["turn"]) == (0, 1)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model)
+    second_turn = len(tokenizer(ROWS[2]["turns"][1])["input_ids"])
+    # The second prompt holds the first prompt, the first answer (EOS dropped) and the new turn.
+    assert second["prompt_tokens"] >= first["prompt_tokens"] + (first["new_tokens"] - 1) + second_turn
+
+
+def test_greedy_mismatch_is_flagged_and_exits_non_zero(tiny_model, data_file, tmp_path, capsys, monkeypatch):
+    real_generate = racer_rs.generation.generate
+
+    def lossy_generate(*args: Any, **kwargs: Any) -> Any:
+        """A deliberately wrong engine: pld changes its third token."""
+        result = real_generate(*args, **kwargs)
+        if kwargs.get("method") == "pld" and len(result.tokens) > 2:
+            result.tokens[2] = (result.tokens[2] + 1) % 257
+        return result
+
+    monkeypatch.setattr(racer_rs.generation, "generate", lossy_generate)
+    out = tmp_path / "out"
+    code, stdout, stderr, report = run_bench(
+        capsys,
+        bench_args(tiny_model, data_file, out, "--methods", "ar,pld", "--temperature", "0", "--no-plots", "--limit", "1"),
+    )
+    assert code == 1
+    assert report is not None and report["ok"] is False
+    assert report["mismatches"] == [
+        {
+            "setting": "greedy",
+            "question_id": 0,
+            "source": str(data_file),
+            "turn": 0,
+            "method": "pld",
+            "first_mismatch": 2,
+        }
+    ]
+    assert report["summary"]["greedy"]["overall"]["pld"]["mismatches"] == 1
+    assert "MISMATCH 1/1" in stdout
+    assert "racer: MISMATCH: pld differs from ar at token 2" in stderr
+
+
+def test_sampling_runs_are_not_compared_token_by_token(tiny_model, data_file, tmp_path, capsys, monkeypatch):
+    real_generate = racer_rs.generation.generate
+
+    def shifted(*args: Any, **kwargs: Any) -> Any:
+        result = real_generate(*args, **kwargs)
+        if kwargs.get("method") == "pld" and len(result.tokens) > 2:
+            result.tokens[2] = (result.tokens[2] + 1) % 257
+        return result
+
+    monkeypatch.setattr(racer_rs.generation, "generate", shifted)
+    out = tmp_path / "out"
+    code, _, stderr, report = run_bench(
+        capsys,
+        bench_args(tiny_model, data_file, out, "--methods", "pld", "--temperature", "0.7", "--no-plots", "--limit", "1"),
+    )
+    assert code == 0, stderr
+    assert report["ok"] is True and all(r["mismatch"] is None for r in report["records"])
+
+
+def test_persistent_mode_is_recorded(tiny_model, data_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, _, stderr, report = run_bench(
+        capsys,
+        bench_args(
+            tiny_model, data_file, out, "--methods", "ar,racer", "--temperature", "0", "--no-plots", "--persistent", "--limit", "1"
+        ),
+    )
+    assert code == 0, stderr
+    assert report["config"]["state"] == "persistent"
+    assert report["config"]["state_by_method"] == {"ar": "stateless", "racer": "persistent"}
+    assert all(r["mismatch"] in (None, False) for r in report["records"])
+
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("racer: error: ") and "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+def test_malformed_data_row_is_a_one_line_error_with_file_and_line(tiny_model, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(ROWS[0]) + "\n" + '{"question_id": 7, "turns": "not a list"}\n', encoding="utf-8")
+    code, _, err, _ = run_bench(capsys, bench_args(tiny_model, bad, tmp_path / "out"))
+    assert_one_line_error(code, err, f"{bad}:2:", "'turns'")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragments"),
+    [
+        (["--methods", "ar,warp_drive"], ["unknown method 'warp_drive'", "token_recycling"]),
+        (["--methods", "pld,pld"], ["listed more than once"]),
+        (["--methods", "pld", "--option", "pld.no_such_knob=1"], ["no_such_knob"]),
+        (["--methods", "pld", "--option", "racer.max_depth=1"], ["'racer' is not among --methods"]),
+        (["--methods", "pld", "--option", "pld.capacity=4"], ["use the dedicated flag"]),
+        (["--limit", "0"], ["--limit", "must be >= 1"]),
+        (["--repeat", "0"], ["--repeat"]),
+        (["--temperature", "-1"], ["--temperature"]),
+        (["--dtype", "int3"], ["--dtype"]),
+    ],
+)
+def test_bad_bench_input_is_a_one_line_error(tiny_model, data_file, tmp_path, capsys, extra, fragments):
+    code, _, err, report = run_bench(capsys, bench_args(tiny_model, data_file, tmp_path / "out", *extra))
+    assert_one_line_error(code, err, *fragments)
+    assert report is None
+
+
+def test_missing_model_and_data_are_one_line_errors(data_file, tmp_path, capsys):
+    code, _, err, _ = run_bench(capsys, bench_args(tmp_path / "absent", data_file, tmp_path / "out"))
+    assert_one_line_error(code, err, "--model path not found")
+    code, _, err, _ = run_bench(capsys, bench_args(tmp_path, tmp_path / "absent.jsonl", tmp_path / "out"))
+    assert_one_line_error(code, err, "data file not found")
