@@ -29,7 +29,7 @@ impl LogitsTable {
                 format!("must be in 1..=2**31-1, got {vocab_size}"),
             ));
         }
-        if top_k < 1 || top_k > 1024 {
+        if !(1..=1024).contains(&top_k) {
             return Err(invalid(
                 "top_k",
                 format!("must be in 1..=1024, got {top_k}"),
