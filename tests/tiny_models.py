@@ -122,3 +122,27 @@ def tiny_model(family: str, seed: int = 0, vocab: int = VOCAB, sharpen: float = 
             else:
                 head.weight.mul_(sharpen)
     return model
+
+
+@torch.inference_mode()
+def plain_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Plain greedy decoding: one token per forward with the model's own cache and masks."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    logits = model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True).logits[0, -1]
+    tokens: list[int] = []
+    for _ in range(max_new_tokens):
+        tokens.append(int(logits.argmax()))
+        logits = model(input_ids=torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True).logits[0, -1]
+    return tokens
+
+
+REPEATING_PROMPT = [3, 17, 42, 8, 3, 17, 42, 8, 3, 17, 42, 8, 55, 3, 17, 42]
+"""A prompt whose n-grams recur, so retrieval drafters find matches."""
+
+
+def random_prompt(seed: int, length: int = 24, vocab: int = VOCAB) -> list[int]:
+    """A seeded prompt of distinct-looking random tokens (few repeated n-grams)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (length,), generator=generator).tolist()

@@ -1,0 +1,41 @@
+"""Shared test setup: single-threaded torch and the location of the shared reference models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def shared_dir() -> Path:
+    """``$RACER_SHARED_DIR``, defaulting to ``../shared`` next to the repository root."""
+    return Path(os.environ.get("RACER_SHARED_DIR", REPO_ROOT.parent / "shared"))
+
+
+def reference_model_dir() -> Path:
+    """Folder of the reference target model (pycode-target-7m)."""
+    return shared_dir() / "models" / "pycode-target-7m"
+
+
+try:
+    import torch
+
+    # Tests share two cores with other jobs; one thread keeps timings and numerics stable.
+    torch.set_num_threads(1)
+except ImportError:  # torch-free test runs (the core tests)
+    pass
+
+
+@pytest.fixture(scope="session")
+def reference_model():  # type: ignore[no-untyped-def]
+    """The reference target and its tokenizer; skipped only when the shared folder is absent."""
+    folder = reference_model_dir()
+    if not folder.is_dir():
+        pytest.skip(f"reference model folder {folder} is absent (set RACER_SHARED_DIR to the shared folder)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(folder)
