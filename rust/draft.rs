@@ -5,7 +5,7 @@
 use crate::automaton::Automaton;
 use crate::error::{Result, invalid};
 use crate::logits_table::LogitsTable;
-use crate::tree::{DraftTree, TreeBuilder};
+use crate::tree::{DraftTree, TreeBuilder, check_budget};
 
 /// Settings of one draft-tree build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +36,7 @@ impl Default for DraftOptions {
 /// `min(capacity, available)` nodes and is deterministic.
 ///
 /// # Errors
-/// `InvalidArgument` if `capacity < 1` or a token is negative or outside the table.
+/// `InvalidArgument` if `capacity` is outside `1..=MAX_TREE_NODES` or a token is negative or outside the table.
 pub fn build_draft_tree(
     automaton: &mut Automaton,
     table: &LogitsTable,
@@ -44,12 +44,7 @@ pub fn build_draft_tree(
     draft_chain: &[i32],
     options: &DraftOptions,
 ) -> Result<DraftTree> {
-    if options.capacity < 1 {
-        return Err(invalid(
-            "capacity",
-            format!("must be >= 1, got {}", options.capacity),
-        ));
-    }
+    check_budget("capacity", options.capacity)?;
     let vocab = table.vocab_size();
     if next_token < 0 || next_token as usize >= vocab {
         return Err(invalid(

@@ -5,7 +5,10 @@
 use std::collections::VecDeque;
 
 use crate::error::{Result, invalid};
-use crate::tree::{DraftTree, TreeBuilder};
+use crate::tree::{DraftTree, TreeBuilder, check_budget};
+
+/// Largest table accepted (1 GiB of ids), so absurd sizes fail cleanly instead of aborting.
+const MAX_CELLS: usize = 1 << 28;
 
 /// A `vocab_size x top_k` table of token ids with a "written" bit per row.
 #[derive(Debug, Clone)]
@@ -37,7 +40,7 @@ impl LogitsTable {
         }
         let cells = vocab_size
             .checked_mul(top_k)
-            .filter(|&c| c <= 1 << 31)
+            .filter(|&c| c <= MAX_CELLS)
             .ok_or_else(|| invalid("vocab_size", "vocab_size * top_k is too large"))?;
         Ok(Self {
             vocab_size,
@@ -139,12 +142,10 @@ impl LogitsTable {
     /// The breadth-halving logits tree of at most `budget` nodes rooted at `root`.
     ///
     /// # Errors
-    /// `InvalidArgument` if `root` is out of range or `budget < 1`.
+    /// `InvalidArgument` if `root` is out of range or `budget` outside `1..=MAX_TREE_NODES`.
     pub fn expand(&self, root: i32, budget: usize, exempt_depth: u32) -> Result<DraftTree> {
         self.check_token("root", root)?;
-        if budget < 1 {
-            return Err(invalid("budget", "must be >= 1"));
-        }
+        check_budget("budget", budget)?;
         let mut b = TreeBuilder::new(root);
         self.expand_into(&mut b, budget, exempt_depth);
         Ok(b.finish())
@@ -154,7 +155,7 @@ impl LogitsTable {
     /// the builder holds `budget` nodes. Child `j` of a node at depth `d` with breadth `b` gets
     /// breadth `max(1, b >> (j + [d != exempt_depth]))`; the root has breadth `top_k`.
     pub fn expand_into(&self, builder: &mut TreeBuilder, budget: usize, exempt_depth: u32) {
-        let mut queued = vec![false; budget.max(builder.len())];
+        let mut queued = vec![false; builder.len()];
         let mut queue = VecDeque::from([(0u32, self.top_k)]);
         queued[0] = true;
         while let Some((u, breadth)) = queue.pop_front() {

@@ -25,10 +25,8 @@ pub fn prompt_lookup(
         return Err(invalid("num_pred", "must be >= 1"));
     }
     let len = context.len();
-    for n in (min_ngram..=max_ngram).rev() {
-        if len <= n {
-            continue;
-        }
+    // An n-gram needs at least one earlier token before the suffix to match anything.
+    for n in (min_ngram..=max_ngram.min(len.saturating_sub(1))).rev() {
         let suffix = &context[len - n..];
         // Latest start i < len - n whose n-gram equals the suffix.
         if let Some(i) = (0..len - n).rev().find(|&i| &context[i..i + n] == suffix) {

@@ -7,6 +7,22 @@ use rustc_hash::FxHashSet;
 use crate::error::{Result, invalid};
 
 const NIL: u32 = u32::MAX;
+/// Largest draft tree built (a breadth-1 logits chain would otherwise grow without end).
+pub const MAX_TREE_NODES: usize = 1 << 20;
+
+/// Check a node budget (root included) against `1..=MAX_TREE_NODES`.
+///
+/// # Errors
+/// `InvalidArgument` naming `arg` when the budget is outside that range.
+pub fn check_budget(arg: &'static str, budget: usize) -> Result<()> {
+    if !(1..=MAX_TREE_NODES).contains(&budget) {
+        return Err(invalid(
+            arg,
+            format!("must be in 1..={MAX_TREE_NODES}, got {budget}"),
+        ));
+    }
+    Ok(())
+}
 
 /// A draft tree flattened in BFS order: root at index 0, every parent before its children,
 /// depths non-decreasing, and distinct tokens among siblings.

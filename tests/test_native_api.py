@@ -59,7 +59,12 @@ BAD_CONSTRUCTORS = [
     (lambda: Automaton(ngram=4, min_depth=0), ValueError, "min_depth"),
     (lambda: Automaton(ngram=4, min_depth=5), ValueError, "min_depth"),
     (lambda: Automaton(ngram="4"), TypeError, "ngram"),
+    (lambda: Automaton(ngram=4, capacity=2**70), ValueError, "capacity"),
+    (lambda: Automaton(ngram=2**70), ValueError, "ngram"),
     (lambda: LogitsTable(0), ValueError, "vocab_size"),
+    (lambda: LogitsTable(2**40), ValueError, "vocab_size"),
+    (lambda: LogitsTable(2**31 - 1, top_k=8), ValueError, "vocab_size"),
+    (lambda: LogitsTable(10, top_k=-(2**70)), ValueError, "top_k"),
     (lambda: LogitsTable(10, top_k=0), ValueError, "top_k"),
     (lambda: DraftTree([], []), ValueError, "tokens"),
     (lambda: DraftTree([1, 2], [-1]), ValueError, "parents"),
@@ -113,6 +118,7 @@ BAD_CALLS = [
     (lambda a, t: a.retrieve(-1, 10), ValueError, "next_token"),
     (lambda a, t: a.retrieve(1, 0), ValueError, "budget"),
     (lambda a, t: a.retrieve(1, -3), ValueError, "budget"),
+    (lambda a, t: a.retrieve(2**70, 3), ValueError, "next_token"),
     (lambda a, t: t.update([1, 2], np.zeros((3, 2), dtype=np.int32)), ValueError, "topk_ids"),
     (lambda a, t: t.update([1], np.zeros((1, 3), dtype=np.int32)), ValueError, "topk_ids"),
     (lambda a, t: t.update([1], np.zeros(2, dtype=np.int32)), ValueError, "topk_ids"),
@@ -143,6 +149,20 @@ def test_failed_calls_name_the_argument_and_leave_state_unchanged(call, exc, arg
         call(a, table)
     assert snapshot(a, table) == before
     a.check_integrity()
+
+
+def test_huge_budgets_are_rejected_and_huge_lookups_are_just_large():
+    a, table = filled()
+    for call in (
+        lambda: a.retrieve(1, 2**70),
+        lambda: build_draft_tree(a, table, 1, 2**62),
+        lambda: table.expand(1, 2**21),
+    ):
+        with pytest.raises(ValueError, match="budget|capacity"):
+            call()
+    table.update(np.arange(10), (np.arange(20).reshape(10, 2) + 3) % 10)  # every row written
+    assert len(build_draft_tree(a, table, 1, 2**20)) == 2**20  # large trees do work
+    assert prompt_lookup([1, 2, 1], max_ngram=2**70, num_pred=2**70).tolist() == [2, 1]
 
 
 def test_expand_static_fills_a_template_and_drops_unseen_rows():

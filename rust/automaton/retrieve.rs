@@ -6,7 +6,7 @@ use std::collections::BinaryHeap;
 
 use super::{Automaton, NIL, ROOT, key};
 use crate::error::{Result, invalid};
-use crate::tree::{DraftTree, TreeBuilder};
+use crate::tree::{DraftTree, TreeBuilder, check_budget};
 
 /// A trie node waiting to be placed below builder node `parent`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +43,7 @@ impl Automaton {
     /// nodes it uses.
     ///
     /// # Errors
-    /// `InvalidArgument` if `next_token` is negative or `budget < 1`.
+    /// `InvalidArgument` if `next_token` is negative or `budget` outside `1..=MAX_TREE_NODES`.
     pub fn retrieve(&mut self, next_token: i32, budget: usize) -> Result<DraftTree> {
         if next_token < 0 {
             return Err(invalid(
@@ -51,9 +51,7 @@ impl Automaton {
                 format!("token ids must be >= 0, got {next_token}"),
             ));
         }
-        if budget < 1 {
-            return Err(invalid("budget", format!("must be >= 1, got {budget}")));
-        }
+        check_budget("budget", budget)?;
         let mut builder = TreeBuilder::new(next_token);
         self.retrieve_into(&mut builder, next_token as u32, budget);
         Ok(builder.finish())

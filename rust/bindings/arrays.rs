@@ -1,7 +1,7 @@
 //! Conversion of Python token inputs (lists or int32/int64 numpy arrays) and of outputs.
 
 use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
@@ -104,7 +104,7 @@ pub(crate) fn matrix(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Vec<i32>, u
 }
 
 /// A Python int argument that must be a token id (non-negative int32).
-pub(crate) fn token_id(value: i64, arg: &str) -> PyResult<i32> {
+pub(crate) fn token_id(Int(value): Int, arg: &str) -> PyResult<i32> {
     i32::try_from(value)
         .ok()
         .filter(|&t| t >= 0)
@@ -112,7 +112,7 @@ pub(crate) fn token_id(value: i64, arg: &str) -> PyResult<i32> {
 }
 
 /// A Python int argument that must be at least `min`.
-pub(crate) fn at_least(value: i64, min: i64, arg: &str) -> PyResult<usize> {
+pub(crate) fn at_least(Int(value): Int, min: i64, arg: &str) -> PyResult<usize> {
     if value < min {
         return Err(value_error(arg, format!("must be >= {min}, got {value}")));
     }
@@ -122,4 +122,23 @@ pub(crate) fn at_least(value: i64, min: i64, arg: &str) -> PyResult<usize> {
 /// A 1-D int32 numpy array that takes ownership of `v` (no copy).
 pub(crate) fn array1<'py>(py: Python<'py>, v: Vec<i32>) -> Bound<'py, PyArray1<i32>> {
     PyArray1::from_vec(py, v)
+}
+
+/// A Python int argument. Values beyond int64 saturate, so the range checks that follow reject
+/// them with the argument's name instead of raising `OverflowError`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Int(pub(crate) i64);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Int {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        match obj.extract::<i64>() {
+            Ok(v) => Ok(Self(v)),
+            Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {
+                Ok(Self(if obj.lt(0)? { i64::MIN } else { i64::MAX }))
+            }
+            Err(e) => Err(e),
+        }
+    }
 }

@@ -4,7 +4,7 @@ use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-use super::arrays::{at_least, token_id, tokens};
+use super::arrays::{Int, at_least, token_id, tokens};
 use super::tree::PyDraftTree;
 use crate::automaton::Automaton;
 
@@ -20,8 +20,9 @@ pub struct PyAutomaton {
 #[pymethods]
 impl PyAutomaton {
     #[new]
-    #[pyo3(signature = (ngram = 10, capacity = 10_000, min_depth = 2))]
-    fn py_new(ngram: i64, capacity: i64, min_depth: i64) -> PyResult<Self> {
+    #[pyo3(signature = (ngram = Int(10), capacity = Int(10_000), min_depth = Int(2)))]
+    #[pyo3(text_signature = "(ngram=10, capacity=10000, min_depth=2)")]
+    fn py_new(ngram: Int, capacity: Int, min_depth: Int) -> PyResult<Self> {
         let ngram = at_least(ngram, 2, "ngram")?;
         let capacity = at_least(capacity, 1, "capacity")?;
         let min_depth = at_least(min_depth, 1, "min_depth")?;
@@ -89,7 +90,7 @@ impl PyAutomaton {
         Ok(self.inner.lock().count(p.as_slice())?)
     }
 
-    fn retrieve(&self, py: Python<'_>, next_token: i64, budget: i64) -> PyResult<PyDraftTree> {
+    fn retrieve(&self, py: Python<'_>, next_token: Int, budget: Int) -> PyResult<PyDraftTree> {
         let next_token = token_id(next_token, "next_token")?;
         let budget = at_least(budget, 1, "budget")?;
         let tree = py.detach(|| self.inner.lock().retrieve(next_token, budget))?;

@@ -4,7 +4,7 @@ use numpy::PyArray1;
 use parking_lot::RwLock;
 use pyo3::prelude::*;
 
-use super::arrays::{array1, at_least, matrix, token_id, tokens};
+use super::arrays::{Int, array1, at_least, matrix, token_id, tokens};
 use super::automaton::PyAutomaton;
 use super::tree::PyDraftTree;
 use crate::draft::{DraftOptions, build_draft_tree as build};
@@ -16,7 +16,7 @@ pub struct PyLogitsTable {
     inner: RwLock<LogitsTable>,
 }
 
-fn exempt(value: i64) -> PyResult<u32> {
+fn exempt(Int(value): Int) -> PyResult<u32> {
     u32::try_from(value).map_err(|_| {
         super::errors::value_error("exempt_depth", format!("must be >= 0, got {value}"))
     })
@@ -25,8 +25,9 @@ fn exempt(value: i64) -> PyResult<u32> {
 #[pymethods]
 impl PyLogitsTable {
     #[new]
-    #[pyo3(signature = (vocab_size, top_k = 8))]
-    fn py_new(vocab_size: i64, top_k: i64) -> PyResult<Self> {
+    #[pyo3(signature = (vocab_size, top_k = Int(8)))]
+    #[pyo3(text_signature = "(vocab_size, top_k=8)")]
+    fn py_new(vocab_size: Int, top_k: Int) -> PyResult<Self> {
         let vocab_size = at_least(vocab_size, 1, "vocab_size")?;
         let top_k = at_least(top_k, 1, "top_k")?;
         Ok(Self {
@@ -70,7 +71,7 @@ impl PyLogitsTable {
         Ok(self.inner.write().update(t.as_slice(), &ids, k)?)
     }
 
-    fn row<'py>(&self, py: Python<'py>, token: i64) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
+    fn row<'py>(&self, py: Python<'py>, token: Int) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
         let token = token_id(token, "token")?;
         Ok(self.inner.read().row(token).map(|r| array1(py, r.to_vec())))
     }
@@ -83,13 +84,14 @@ impl PyLogitsTable {
         self.inner.read().memory_bytes()
     }
 
-    #[pyo3(signature = (root, budget, exempt_depth = 1))]
+    #[pyo3(signature = (root, budget, exempt_depth = Int(1)))]
+    #[pyo3(text_signature = "(self, root, budget, exempt_depth=1)")]
     fn expand(
         &self,
         py: Python<'_>,
-        root: i64,
-        budget: i64,
-        exempt_depth: i64,
+        root: Int,
+        budget: Int,
+        exempt_depth: Int,
     ) -> PyResult<PyDraftTree> {
         let root = token_id(root, "root")?;
         let budget = at_least(budget, 1, "budget")?;
@@ -101,7 +103,7 @@ impl PyLogitsTable {
 
     fn expand_static(
         &self,
-        root: i64,
+        root: Int,
         parents: &Bound<'_, PyAny>,
         ranks: &Bound<'_, PyAny>,
     ) -> PyResult<PyDraftTree> {
@@ -119,18 +121,21 @@ impl PyLogitsTable {
 /// RACER's draft tree: ``draft_chain`` first, then retrieval paths, then the logits tree;
 /// the budget is charged after merging.
 #[pyfunction]
-#[pyo3(signature = (automaton, table, next_token, capacity = 64, *, use_retrieval = true, use_logits = true, draft_chain = None, exempt_depth = 1))]
+#[pyo3(signature = (automaton, table, next_token, capacity = Int(64), *, use_retrieval = true, use_logits = true, draft_chain = None, exempt_depth = Int(1)))]
+#[pyo3(
+    text_signature = "(automaton, table, next_token, capacity=64, *, use_retrieval=True, use_logits=True, draft_chain=None, exempt_depth=1)"
+)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn build_draft_tree(
     py: Python<'_>,
     automaton: &PyAutomaton,
     table: &PyLogitsTable,
-    next_token: i64,
-    capacity: i64,
+    next_token: Int,
+    capacity: Int,
     use_retrieval: bool,
     use_logits: bool,
     draft_chain: Option<&Bound<'_, PyAny>>,
-    exempt_depth: i64,
+    exempt_depth: Int,
 ) -> PyResult<PyDraftTree> {
     let next_token = token_id(next_token, "next_token")?;
     let options = DraftOptions {

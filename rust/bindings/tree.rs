@@ -4,7 +4,7 @@ use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use super::arrays::{array1, at_least, tokens};
+use super::arrays::{Int, array1, at_least, tokens};
 use crate::tree::DraftTree;
 
 /// A draft tree flattened in BFS order (root at index 0, parents before children).
@@ -96,13 +96,14 @@ impl PyDraftTree {
 /// Prompt lookup: the tokens that followed the latest earlier occurrence of the longest
 /// matching context suffix n-gram (``max_ngram`` down to ``min_ngram``); empty if none.
 #[pyfunction]
-#[pyo3(signature = (context, *, max_ngram = 3, min_ngram = 1, num_pred = 10))]
+#[pyo3(signature = (context, *, max_ngram = Int(3), min_ngram = Int(1), num_pred = Int(10)))]
+#[pyo3(text_signature = "(context, *, max_ngram=3, min_ngram=1, num_pred=10)")]
 pub(crate) fn prompt_lookup<'py>(
     py: Python<'py>,
     context: &Bound<'py, PyAny>,
-    max_ngram: i64,
-    min_ngram: i64,
-    num_pred: i64,
+    max_ngram: Int,
+    min_ngram: Int,
+    num_pred: Int,
 ) -> PyResult<Bound<'py, PyArray1<i32>>> {
     let max_ngram = at_least(max_ngram, 1, "max_ngram")?;
     let min_ngram = at_least(min_ngram, 1, "min_ngram")?;
