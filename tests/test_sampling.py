@@ -1,0 +1,284 @@
+"""Sampling keeps the target distribution exactly (chi-square tests that can fail).
+
+The exact distribution of the first generated tokens is computed from the model by
+enumeration; thousands of seeded runs of each method are compared with it. The same test is
+run on deliberately lossy acceptance rules, and must reject them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers.generation.logits_process import (  # noqa: E402
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+import racer_rs  # noqa: E402
+from racer_rs import DraftTree  # noqa: E402
+from racer_rs.drafters import make_drafter  # noqa: E402
+from racer_rs.drafters.base import Drafter, Proposal, RequestStart  # noqa: E402
+from racer_rs.generation import DecodeLoop, DecodeState  # noqa: E402
+from racer_rs.sampling import (  # noqa: E402
+    SamplingConfig,
+    chain_speculative_sample,
+    process_logits,
+    resample_node,
+    sample_nodes,
+)
+from racer_rs.verify import TreeVerifier  # noqa: E402
+from tests.tiny_models import tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+VOCAB = 16
+PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
+CONFIG = SamplingConfig(temperature=1.0, top_p=0.9)
+FIRST = 2  # tokens whose joint distribution is tested: the prefill's sample and the first step's
+ALPHA = 1e-3  # lossless runs must not be rejected at this level; lossy ones must be
+
+
+def chi_square_pvalue(observed: Counter[Any], expected: dict[Any, float], runs: int) -> float:
+    """Goodness-of-fit p-value; cells expecting fewer than 5 samples are pooled."""
+    statistic, cells = 0.0, 0
+    pooled_observed, pooled_expected = 0, 0.0
+    for cell, probability in expected.items():
+        if probability * runs >= 5:
+            statistic += (observed[cell] - probability * runs) ** 2 / (probability * runs)
+            cells += 1
+        else:
+            pooled_observed += observed[cell]
+            pooled_expected += probability * runs
+    outside = runs - sum(observed[cell] for cell in expected)  # impossible outcomes
+    if outside:
+        return 0.0
+    if pooled_expected > 0:
+        statistic += (pooled_observed - pooled_expected) ** 2 / pooled_expected
+        cells += 1
+    dof = cells - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(statistic / 2)))
+
+
+@torch.inference_mode()
+def exact_first_tokens(model: torch.nn.Module, prompt: list[int], config: SamplingConfig) -> dict[tuple[int, ...], float]:
+    """Exact joint distribution of the first ``FIRST`` sampled tokens (by enumeration)."""
+    first = process_logits(model(input_ids=torch.tensor([prompt])).logits[0, -1], config).softmax(-1)
+    batch = torch.tensor([prompt + [t] for t in range(VOCAB)])
+    second = process_logits(model(input_ids=batch).logits[:, -1], config).softmax(-1)
+    joint = first[:, None] * second
+    return {(a, b): float(joint[a, b]) for a in range(VOCAB) for b in range(VOCAB) if joint[a, b] > 0}
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    # A peaky model: drafts get accepted often, so a lossy rule is detectable.
+    return tiny_model("llama", seed=2, vocab=VOCAB, sharpen=15.0)
+
+
+@pytest.fixture(scope="module")
+def exact(model: torch.nn.Module) -> dict[tuple[int, ...], float]:
+    return exact_first_tokens(model, PROMPT, CONFIG)
+
+
+def run_loop(
+    model: torch.nn.Module, drafter: Drafter, runs: int, loop_class: type[DecodeLoop] = DecodeLoop
+) -> tuple[Counter[tuple[int, ...]], float]:
+    """First tokens of ``runs`` seeded requests, and the fraction of drafted tokens accepted."""
+    verifier = TreeVerifier(model)
+    counts: Counter[tuple[int, ...]] = Counter()
+    multi = 0
+    for seed in range(runs):
+        generator = torch.Generator().manual_seed(seed)
+        loop = loop_class(verifier, drafter, CONFIG, 16, (), generator, None)
+        state = loop.run(np.asarray(PROMPT, dtype=np.int32), max_new_tokens=FIRST + 1)
+        counts[tuple(state.context[len(PROMPT) : len(PROMPT) + FIRST].tolist())] += 1
+        multi += state.accepted_lengths[0] > 1
+    return counts, multi / runs
+
+
+class ResampleAfterMismatchLoop(DecodeLoop):
+    """The reference code's lossy rule: after a mismatch, emit a FRESH sample, not the mismatching one."""
+
+    def _walk(self, state: DecodeState, tree: DraftTree, logits: Any, predicted: Any, valid: Any) -> tuple[list[int], int]:
+        path, _ = super()._walk(state, tree, logits, predicted, valid)
+        return path, resample_node(logits[path[-1]], self.sampling, self.generator)
+
+
+@pytest.mark.parametrize("method", ["racer", "pld", "token_recycling"])
+def test_tree_sampling_is_lossless(model: torch.nn.Module, exact: dict, method: str) -> None:
+    runs = 1500
+    counts, accepted = run_loop(model, make_drafter(method, model), runs)
+    assert accepted > 0.1  # drafts were accepted often enough for the test to have power
+    assert chi_square_pvalue(counts, exact, runs) > ALPHA
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ar", "pld", "token_recycling", "racer", "racer_retrieval", "racer_logits"])
+def test_tree_sampling_is_lossless_many_runs(model: torch.nn.Module, exact: dict, method: str) -> None:
+    runs = 4000
+    counts, _ = run_loop(model, make_drafter(method, model), runs)
+    assert chi_square_pvalue(counts, exact, runs) > ALPHA
+
+
+def test_lossy_acceptance_rule_fails_the_same_test(model: torch.nn.Module, exact: dict) -> None:
+    runs = 1500
+    counts, _ = run_loop(model, make_drafter("racer", model), runs, ResampleAfterMismatchLoop)
+    assert chi_square_pvalue(counts, exact, runs) < ALPHA
+
+
+def test_generate_with_seeds_is_lossless(model: torch.nn.Module, exact: dict) -> None:
+    runs = 1200
+    counts: Counter[tuple[int, ...]] = Counter()
+    for seed in range(runs):
+        result = racer_rs.generate(
+            model, PROMPT, method="racer", max_new_tokens=FIRST, temperature=1.0, top_p=0.9, seed=seed
+        )
+        counts[tuple(result.tokens)] += 1
+    assert chi_square_pvalue(counts, exact, runs) > ALPHA
+
+
+def test_seeded_generation_is_reproducible(model: torch.nn.Module) -> None:
+    kwargs: dict[str, Any] = {"method": "racer", "max_new_tokens": 30, "temperature": 0.8, "top_p": 0.95}
+    first = racer_rs.generate(model, PROMPT, seed=7, **kwargs).tokens
+    assert racer_rs.generate(model, PROMPT, seed=7, **kwargs).tokens == first
+    assert any(racer_rs.generate(model, PROMPT, seed=s, **kwargs).tokens != first for s in range(8, 12))
+
+
+# Chain speculative sampling (Proposal.draft_probs) ------------------------------------------
+
+
+class SyntheticChainDrafter(Drafter):
+    """Drafts a chain by sampling from fixed distributions and reports them as ``draft_probs``.
+
+    Args:
+        sample_from: ``[depth, V]`` distributions the drafts are really drawn from.
+        report: the distributions reported to the engine (differ from ``sample_from`` to
+            make a deliberately lossy drafter).
+    """
+
+    name = "synthetic_chain"
+
+    def __init__(self, sample_from: torch.Tensor, report: torch.Tensor | None = None) -> None:
+        self.sample_from = sample_from
+        self.report = sample_from if report is None else report
+        self.generator: torch.Generator | None = None
+
+    def begin(self, request: RequestStart) -> None:
+        self.generator = request.generator
+
+    def propose(self, context: np.ndarray, next_token: int, capacity: int) -> Proposal:
+        depth = min(len(self.sample_from), capacity - 1)
+        drafts = torch.multinomial(self.sample_from[:depth], 1, generator=self.generator).squeeze(1)
+        tree = DraftTree.chain([next_token, *drafts.tolist()])
+        return Proposal(tree, draft_probs=self.report[:depth])
+
+
+def _draft_distributions(model: torch.nn.Module) -> torch.Tensor:
+    # Close to the target's own next-token distribution, so drafts are often accepted.
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([PROMPT])).logits[0, -1]
+    base = logits.softmax(-1)
+    return torch.stack([0.5 * base + 0.5 / VOCAB, base.roll(1)])
+
+
+def test_chain_speculative_sampling_is_lossless(model: torch.nn.Module, exact: dict) -> None:
+    runs = 1500
+    counts, accepted = run_loop(model, SyntheticChainDrafter(_draft_distributions(model)), runs)
+    assert accepted > 0.1
+    assert chi_square_pvalue(counts, exact, runs) > ALPHA
+
+
+def test_chain_with_misreported_draft_probs_fails_the_same_test(model: torch.nn.Module, exact: dict) -> None:
+    runs = 1500
+    truth = _draft_distributions(model)
+    uniform = torch.full_like(truth, 1.0 / VOCAB)
+    counts, _ = run_loop(model, SyntheticChainDrafter(truth, report=uniform), runs)
+    assert chi_square_pvalue(counts, exact, runs) < ALPHA
+
+
+def test_chain_speculative_sample_first_token_distribution() -> None:
+    generator = torch.Generator().manual_seed(0)
+    target = torch.randn(3, VOCAB, generator=generator) * 2
+    draft = torch.softmax(torch.randn(2, VOCAB, generator=generator), -1)
+    config = SamplingConfig(temperature=1.0, top_k=8)
+    p = process_logits(target[0], config).softmax(-1)
+    runs = 4000
+    counts: Counter[int] = Counter()
+    for _ in range(runs):
+        drafts = torch.multinomial(draft, 1, generator=generator).squeeze(1)
+        accepted, token = chain_speculative_sample(target, draft, drafts, config, generator).tolist()
+        counts[int(drafts[0]) if accepted > 0 else token] += 1
+    assert chi_square_pvalue(counts, {t: float(p[t]) for t in range(VOCAB) if p[t] > 0}, runs) > ALPHA
+
+
+# Logits processing and the fast per-node sampler ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SamplingConfig(temperature=0.7),
+        SamplingConfig(temperature=1.3, top_k=5),
+        SamplingConfig(temperature=0.8, top_p=0.9),
+        SamplingConfig(temperature=1.0, top_k=7, top_p=0.6),
+    ],
+)
+def test_process_logits_matches_transformers_warpers(config: SamplingConfig) -> None:
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1)) * 3
+    expected = TemperatureLogitsWarper(config.temperature)(None, logits.clone())
+    if config.top_k:
+        expected = TopKLogitsWarper(config.top_k)(None, expected)
+    if config.top_p < 1:
+        expected = TopPLogitsWarper(config.top_p)(None, expected)
+    actual = process_logits(logits, config)
+    assert torch.equal(torch.isinf(actual), torch.isinf(expected))
+    torch.testing.assert_close(actual[~torch.isinf(actual)], expected[~torch.isinf(expected)])
+
+
+def _node_samples(logits: torch.Tensor, config: SamplingConfig, honour_validity: bool) -> list[int]:
+    generator = torch.Generator().manual_seed(3)
+    tokens, valid = sample_nodes(logits, config, generator)
+    if valid is not None and honour_validity:
+        for row in torch.nonzero(~valid).flatten().tolist():
+            tokens[row] = resample_node(logits[row], config, generator)
+    return tokens.tolist()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [SamplingConfig(temperature=0.9), SamplingConfig(temperature=1.0, top_p=0.7), SamplingConfig(temperature=1.2, top_k=4, top_p=0.9)],
+)
+def test_per_node_sampler_matches_processed_distribution(config: SamplingConfig) -> None:
+    row = torch.randn(VOCAB, generator=torch.Generator().manual_seed(2)) * 2
+    runs = 20000
+    probs = process_logits(row, config).softmax(-1)
+    counts = Counter(_node_samples(row.expand(runs, VOCAB), config, honour_validity=True))
+    assert chi_square_pvalue(counts, {t: float(probs[t]) for t in range(VOCAB) if probs[t] > 0}, runs) > ALPHA
+
+
+def test_per_node_sampler_ignoring_validity_fails_the_same_test() -> None:
+    config = SamplingConfig(temperature=1.0, top_p=0.7)
+    row = torch.randn(VOCAB, generator=torch.Generator().manual_seed(2)) * 2
+    runs = 20000
+    probs = process_logits(row, config).softmax(-1)
+    counts = Counter(_node_samples(row.expand(runs, VOCAB), config, honour_validity=False))
+    assert chi_square_pvalue(counts, {t: float(probs[t]) for t in range(VOCAB) if probs[t] > 0}, runs) < ALPHA
+
+
+def test_sampling_config_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingConfig(temperature=-1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(temperature=1.0, top_p=0.0)
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingConfig(temperature=1.0, top_k=-2)
+    with pytest.raises(TypeError, match="top_k"):
+        SamplingConfig(temperature=1.0, top_k=1.5)  # type: ignore[arg-type]
