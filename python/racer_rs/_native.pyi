@@ -7,8 +7,16 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: str
+__all__ = [
+    "Automaton",
+    "DraftTree",
+    "LogitsTable",
+    "build_draft_tree",
+    "__version__",
+    "prompt_lookup",
+]
 
-TokenArray = Sequence[int] | npt.NDArray[np.int32] | npt.NDArray[np.int64]
+_TokenArray = Sequence[int] | npt.NDArray[np.int32] | npt.NDArray[np.int64]
 
 @final
 class DraftTree:
@@ -17,7 +25,7 @@ class DraftTree:
     Sibling nodes always carry distinct tokens, so a greedy walk is unambiguous.
     """
 
-    def __new__(cls, tokens: TokenArray, parents: TokenArray) -> DraftTree:
+    def __new__(cls, tokens: _TokenArray, parents: _TokenArray) -> DraftTree:
         """Build a tree from flat arrays.
 
         Args:
@@ -32,7 +40,7 @@ class DraftTree:
         """
 
     @staticmethod
-    def chain(tokens: TokenArray) -> DraftTree:
+    def chain(tokens: _TokenArray) -> DraftTree:
         """A chain tree: ``tokens[0]`` is the root, each next token the child of the previous."""
 
     @property
@@ -50,7 +58,7 @@ class DraftTree:
     def leaf_paths(self) -> npt.NDArray[np.int32]:
         """``int32[leaves, max_depth + 1]``: root-to-leaf node indices, padded with ``-1``."""
 
-    def greedy_accept(self, predicted: TokenArray) -> tuple[list[int], int]:
+    def greedy_accept(self, predicted: _TokenArray) -> tuple[list[int], int]:
         """Walk from the root, following the child whose token equals the parent's prediction.
 
         Args:
@@ -80,7 +88,7 @@ class Automaton:
     def __len__(self) -> int:
         """Live nodes, root excluded."""
 
-    def extend(self, tokens: TokenArray) -> None:
+    def extend(self, tokens: _TokenArray) -> None:
         """Append tokens to the context and count every new substring of length 1..ngram."""
 
     def new_sequence(self) -> None:
@@ -89,11 +97,16 @@ class Automaton:
     def clear(self) -> None:
         """Forget everything."""
 
-    def count(self, pattern: TokenArray) -> int:
+    def count(self, pattern: _TokenArray) -> int:
         """Occurrences of ``pattern`` (1 <= len <= ngram) in the context (never above the truth)."""
 
     def retrieve(self, next_token: int, budget: int) -> DraftTree:
-        """The retrieval tree rooted at ``next_token`` with at most ``budget`` nodes (root included)."""
+        """The retrieval tree rooted at ``next_token`` with at most ``budget`` nodes (root included).
+
+        Borders are the nodes for ``s + [next_token]`` (``s`` a context suffix, depth >=
+        ``min_depth``); continuations from their subtrees are ranked by count (higher first),
+        then shallower, then smaller token id. ``budget`` must be in ``1..=2**20``.
+        """
 
     def memory_bytes(self) -> int: ...
     def check_integrity(self) -> None:
@@ -111,19 +124,20 @@ class LogitsTable:
     def __len__(self) -> int:
         """Number of rows that have been written."""
 
-    def update(self, tokens: TokenArray, topk_ids: npt.NDArray[np.int32] | npt.NDArray[np.int64]) -> None:
+    def update(self, tokens: _TokenArray, topk_ids: npt.NDArray[np.int32] | npt.NDArray[np.int64]) -> None:
         """For i in order, row ``tokens[i]`` := ``topk_ids[i]`` (``[n]`` and ``[n, k]``); last write wins."""
 
     def row(self, token: int) -> npt.NDArray[np.int32] | None: ...
     def clear(self) -> None: ...
+    def memory_bytes(self) -> int: ...
     def expand(self, root: int, budget: int, exempt_depth: int = 1) -> DraftTree:
         """Breadth-halving logits tree of at most ``budget`` nodes rooted at ``root``."""
 
-    def expand_static(self, root: int, parents: TokenArray, ranks: TokenArray) -> DraftTree:
+    def expand_static(self, root: int, parents: _TokenArray, ranks: _TokenArray) -> DraftTree:
         """Fill a static tree template: node i is rank ``ranks[i]`` of its parent's row.
 
-        Nodes whose parent row was never written (or duplicates of a sibling) are dropped
-        with their descendants. ``parents[0]`` must be ``-1`` (the root).
+        Nodes below a row that was never written are dropped with their descendants; a node
+        that repeats a sibling's token is merged into it. ``parents[0]`` must be ``-1``.
         """
 
 def build_draft_tree(
@@ -134,7 +148,7 @@ def build_draft_tree(
     *,
     use_retrieval: bool = True,
     use_logits: bool = True,
-    draft_chain: TokenArray | None = None,
+    draft_chain: _TokenArray | None = None,
     exempt_depth: int = 1,
 ) -> DraftTree:
     """RACER's draft tree: ``draft_chain`` (if any) first, then retrieval paths, then the logits
@@ -143,7 +157,7 @@ def build_draft_tree(
     """
 
 def prompt_lookup(
-    context: TokenArray, *, max_ngram: int = 3, min_ngram: int = 1, num_pred: int = 10
+    context: _TokenArray, *, max_ngram: int = 3, min_ngram: int = 1, num_pred: int = 10
 ) -> npt.NDArray[np.int32]:
     """Prompt lookup decoding: find the most recent earlier occurrence of the longest context
     suffix n-gram (``max_ngram`` down to ``min_ngram``) and return up to ``num_pred`` tokens

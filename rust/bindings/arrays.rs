@@ -40,7 +40,7 @@ fn dtype_name(a: &Bound<'_, PyUntypedArray>) -> String {
 }
 
 /// Extract a 1-D sequence of token ids from a list/tuple of ints or an int32/int64 array.
-pub(crate) fn tokens<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tokens<'py>> {
+pub(crate) fn token_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tokens<'py>> {
     if let Ok(a) = obj.cast::<PyUntypedArray>() {
         if a.ndim() != 1 {
             return Err(value_error(

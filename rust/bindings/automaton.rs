@@ -4,7 +4,7 @@ use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-use super::arrays::{Int, at_least, token_id, tokens};
+use super::arrays::{Int, at_least, token_arg, token_id};
 use super::tree::PyDraftTree;
 use crate::automaton::Automaton;
 
@@ -68,8 +68,8 @@ impl PyAutomaton {
 
     /// Append tokens to the context (zero-copy for contiguous int32 arrays; the array must
     /// not be mutated while the call runs).
-    fn extend(&self, py: Python<'_>, tokens_: &Bound<'_, PyAny>) -> PyResult<()> {
-        let t = tokens(tokens_, "tokens")?;
+    fn extend(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+        let t = token_arg(tokens, "tokens")?;
         let slice = t.as_slice();
         if slice.len() < DETACH_MIN_TOKENS {
             return Ok(self.inner.lock().extend(slice)?);
@@ -86,7 +86,7 @@ impl PyAutomaton {
     }
 
     fn count(&self, pattern: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let p = tokens(pattern, "pattern")?;
+        let p = token_arg(pattern, "pattern")?;
         Ok(self.inner.lock().count(p.as_slice())?)
     }
 

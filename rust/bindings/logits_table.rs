@@ -4,7 +4,7 @@ use numpy::PyArray1;
 use parking_lot::RwLock;
 use pyo3::prelude::*;
 
-use super::arrays::{Int, array1, at_least, matrix, token_id, tokens};
+use super::arrays::{Int, array1, at_least, matrix, token_arg, token_id};
 use super::automaton::PyAutomaton;
 use super::tree::PyDraftTree;
 use crate::draft::{DraftOptions, build_draft_tree as build};
@@ -59,8 +59,8 @@ impl PyLogitsTable {
         )
     }
 
-    fn update(&self, tokens_: &Bound<'_, PyAny>, topk_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let t = tokens(tokens_, "tokens")?;
+    fn update(&self, tokens: &Bound<'_, PyAny>, topk_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let t = token_arg(tokens, "tokens")?;
         let (ids, n, k) = matrix(topk_ids, "topk_ids")?;
         if n != t.as_slice().len() {
             return Err(super::errors::value_error(
@@ -108,8 +108,8 @@ impl PyLogitsTable {
         ranks: &Bound<'_, PyAny>,
     ) -> PyResult<PyDraftTree> {
         let root = token_id(root, "root")?;
-        let p = tokens(parents, "parents")?;
-        let r = tokens(ranks, "ranks")?;
+        let p = token_arg(parents, "parents")?;
+        let r = token_arg(ranks, "ranks")?;
         Ok(self
             .inner
             .read()
@@ -144,7 +144,9 @@ pub(crate) fn build_draft_tree(
         use_logits,
         exempt_depth: exempt(exempt_depth)?,
     };
-    let chain = draft_chain.map(|c| tokens(c, "draft_chain")).transpose()?;
+    let chain = draft_chain
+        .map(|c| token_arg(c, "draft_chain"))
+        .transpose()?;
     let chain: &[i32] = chain.as_ref().map_or(&[], |c| c.as_slice());
     let tree = py.detach(|| {
         let mut a = automaton.inner.lock();

@@ -4,7 +4,7 @@ use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use super::arrays::{Int, array1, at_least, tokens};
+use super::arrays::{Int, array1, at_least, token_arg};
 use crate::tree::DraftTree;
 
 /// A draft tree flattened in BFS order (root at index 0, parents before children).
@@ -22,16 +22,16 @@ impl From<DraftTree> for PyDraftTree {
 #[pymethods]
 impl PyDraftTree {
     #[new]
-    fn py_new(tokens_: &Bound<'_, PyAny>, parents: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let t = tokens(tokens_, "tokens")?.as_slice().to_vec();
-        let p = tokens(parents, "parents")?.as_slice().to_vec();
+    fn py_new(tokens: &Bound<'_, PyAny>, parents: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let t = token_arg(tokens, "tokens")?.as_slice().to_vec();
+        let p = token_arg(parents, "parents")?.as_slice().to_vec();
         Ok(DraftTree::from_parents(t, p)?.into())
     }
 
     /// A chain tree: ``tokens[0]`` is the root, each next token the child of the previous.
     #[staticmethod]
-    fn chain(tokens_: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(DraftTree::chain(tokens(tokens_, "tokens")?.as_slice())?.into())
+    fn chain(tokens: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(DraftTree::chain(token_arg(tokens, "tokens")?.as_slice())?.into())
     }
 
     #[getter]
@@ -89,7 +89,7 @@ impl PyDraftTree {
     fn greedy_accept(&self, predicted: &Bound<'_, PyAny>) -> PyResult<(Vec<u32>, i32)> {
         Ok(self
             .inner
-            .greedy_accept(tokens(predicted, "predicted")?.as_slice())?)
+            .greedy_accept(token_arg(predicted, "predicted")?.as_slice())?)
     }
 }
 
@@ -108,7 +108,7 @@ pub(crate) fn prompt_lookup<'py>(
     let max_ngram = at_least(max_ngram, 1, "max_ngram")?;
     let min_ngram = at_least(min_ngram, 1, "min_ngram")?;
     let num_pred = at_least(num_pred, 1, "num_pred")?;
-    let ctx = tokens(context, "context")?;
+    let ctx = token_arg(context, "context")?;
     let slice = ctx.as_slice();
     let found =
         py.detach(|| crate::lookup::prompt_lookup(slice, max_ngram, min_ngram, num_pred))?;
