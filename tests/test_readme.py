@@ -1,0 +1,29 @@
+"""The README's Python quickstart runs as written (so it cannot rot)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+
+
+def test_readme_has_quickstart_blocks():
+    assert len(BLOCKS) >= 2
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_readme_block_runs(index, monkeypatch, capsys):
+    block = BLOCKS[index]
+    if "transformers" in block:
+        pytest.importorskip("torch")
+        if not (ROOT / "models" / "pycode-target-7m").is_dir():
+            pytest.skip("the shipped reference model is absent from this checkout")
+    monkeypatch.chdir(ROOT)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    exec(compile(block, f"README.md block {index}", "exec"), {})
+    assert capsys.readouterr().out.strip()
