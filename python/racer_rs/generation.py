@@ -262,10 +262,9 @@ class DecodeLoop:
         if int(tokens[0]) != state.next_token:
             raise ValueError(f"drafter {self.drafter.name!r} returned a tree whose root is not next_token")
         state.tree_nodes += n
-        forward_start = time.perf_counter()
-        ancestors = tree.attention_mask() if n > 1 else None
-        logits = self.verifier.forward_tree(tokens, tree.depths, ancestors)
-        state.timings["forward"] += time.perf_counter() - forward_start
+        model_seconds = self.verifier.model_seconds
+        logits = self.verifier.forward_tree(tokens, tree.depths, tree.attention_mask() if n > 1 else None)
+        state.timings["forward"] += self.verifier.model_seconds - model_seconds
 
         chain = proposal.draft_probs is not None and not self.sampling.greedy and n > 1
         valid: torch.Tensor | None = None

@@ -9,6 +9,7 @@ is cropped, so the prefix is never recomputed.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,55 @@ def _unsupported_cache_layers(cache: DynamicCache) -> set[str]:
     return {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
 
 
+class GrowableLayer(DynamicLayer):
+    """A full-attention layer cache that appends in place.
+
+    ``DynamicLayer`` re-concatenates its whole cache on every forward, an O(L) copy per step
+    that costs as much as the tree's own compute on long prompts. This layer writes new rows
+    into a buffer grown geometrically; ``keys``/``values`` stay views of its first rows, so
+    every ``DynamicLayer`` operation (length, crop, in-place row writes) works unchanged.
+    """
+
+    _key_buffer: torch.Tensor
+    _value_buffer: torch.Tensor
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._key_buffer = key_states.new_empty((*key_states.shape[:-2], 0, key_states.shape[-1]))
+        self._value_buffer = value_states.new_empty((*value_states.shape[:-2], 0, value_states.shape[-1]))
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new rows and return all cached keys and values."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.get_seq_length()
+        end = start + key_states.shape[-2]
+        if end > self._key_buffer.shape[-2]:
+            self._key_buffer = self._grown(self._key_buffer, start, end)
+            self._value_buffer = self._grown(self._value_buffer, start, end)
+        self._key_buffer[..., start:end, :] = key_states
+        self._value_buffer[..., start:end, :] = value_states
+        self.keys = self._key_buffer[..., :end, :]
+        self.values = self._value_buffer[..., :end, :]
+        return self.keys, self.values
+
+    @staticmethod
+    def _grown(buffer: torch.Tensor, used: int, needed: int) -> torch.Tensor:
+        rows = max(2 * needed, 256)
+        grown = buffer.new_empty((*buffer.shape[:-2], rows, buffer.shape[-1]))
+        grown[..., :used, :] = buffer[..., :used, :]
+        return grown
+
+
+def new_cache(model: PreTrainedModel) -> DynamicCache:
+    """A ``DynamicCache`` for ``model`` whose layers append in place (:class:`GrowableLayer`)."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [GrowableLayer() for _ in cache.layers]
+    return cache
+
+
 def model_window(model: PreTrainedModel) -> int | None:
     """The model's context window (``max_position_embeddings``), or ``None`` if it has none."""
     window = getattr(model.config.get_text_config(), "max_position_embeddings", None)
@@ -76,6 +126,7 @@ class TreeVerifier:
         dtype: the target's parameter dtype (the attention mask uses it).
         length: number of committed tokens whose K/V rows are in the cache.
         cache: the request's KV cache.
+        model_seconds: wall time spent inside the target's forward calls of decode steps.
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
@@ -86,7 +137,8 @@ class TreeVerifier:
         self.dtype = parameter.dtype
         self._mask_min = torch.finfo(self.dtype).min
         self.length = 0
-        self.cache = DynamicCache(config=model.config)
+        self.cache = new_cache(model)
+        self.model_seconds = 0.0
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: np.ndarray, topk: int = 0, chunk: int = PREFILL_CHUNK) -> PrefillOutput:
@@ -105,7 +157,7 @@ class TreeVerifier:
         Returns:
             The last position's logits and, if asked, the prompt's top-k ids.
         """
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = new_cache(self.model)
         ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).unsqueeze(0)
         rows: list[torch.Tensor] = []
         if topk > 0 and ids.shape[1] > 1:
@@ -138,7 +190,7 @@ class TreeVerifier:
         return mask
 
     @torch.inference_mode()
-    def forward_tree(self, tokens: np.ndarray, depths: np.ndarray, ancestors: np.ndarray) -> torch.Tensor:
+    def forward_tree(self, tokens: np.ndarray, depths: np.ndarray, ancestors: np.ndarray | None) -> torch.Tensor:
         """Score every node of a draft tree in one forward pass.
 
         Appends the ``n`` nodes' K/V rows to the cache (they stay there until :meth:`commit`).
@@ -146,7 +198,7 @@ class TreeVerifier:
         Args:
             tokens: ``int32[n]`` node tokens in BFS order (root first).
             depths: ``int32[n]`` node depths (root 0).
-            ancestors: ``bool[n, n]`` ancestor-or-self matrix.
+            ancestors: ``bool[n, n]`` ancestor-or-self matrix (may be ``None`` for a lone root).
 
         Returns:
             ``[n, V]`` raw logits; row ``i`` predicts the token after node ``i``.
@@ -154,16 +206,18 @@ class TreeVerifier:
         ids = torch.from_numpy(np.asarray(tokens, dtype=np.int64)).to(self.device).unsqueeze(0)
         if ids.shape[1] == 1:
             # A lone root is plain decoding: let the model build its own (causal) mask.
-            return self.model(input_ids=ids, cache=self.cache, use_cache=True).logits[0]
-        positions = torch.from_numpy(np.asarray(depths, dtype=np.int64) + self.length).to(self.device).unsqueeze(0)
-        logits = self.model(
-            input_ids=ids,
-            position_ids=positions,
-            attention_mask=self.tree_mask(ancestors),
-            cache=self.cache,
-            use_cache=True,
-        ).logits
-        return logits[0]
+            inputs: dict[str, Any] = {"input_ids": ids}
+        else:
+            positions = np.asarray(depths, dtype=np.int64) + self.length
+            inputs = {
+                "input_ids": ids,
+                "position_ids": torch.from_numpy(positions).to(self.device).unsqueeze(0),
+                "attention_mask": self.tree_mask(ancestors),
+            }
+        start = time.perf_counter()
+        logits = self.model(**inputs, cache=self.cache, use_cache=True).logits[0]
+        self.model_seconds += time.perf_counter() - start
+        return logits
 
     @torch.inference_mode()
     def commit(self, path: np.ndarray) -> None:
