@@ -8,6 +8,7 @@ run in-process through :func:`racer_rs.cli.main` except two subprocess tests of
 from __future__ import annotations
 
 import json
+import re
 import string
 import subprocess
 import sys
@@ -155,7 +156,9 @@ def test_generate_highlights_drafted_tokens_with_forced_color(tiny_model, tokeni
     assert code == 0, err
     drafted = int(err.split("drafted: ")[1].split()[0])
     assert drafted > 0, "the prompt should make pld drafts that the target accepts"
-    assert DRAFTED_STYLE in out and RESET_STYLE in out
+    # The model writes ASCII (one character per token): the coloured characters are the drafted tokens.
+    coloured = re.findall(re.escape(DRAFTED_STYLE) + "(.*?)" + re.escape(RESET_STYLE), out, flags=re.S)
+    assert sum(len(span) for span in coloured) == drafted
     # Colour codes only wrap text: removing them leaves exactly the plain output.
     plain = out.replace(DRAFTED_STYLE, "").replace(RESET_STYLE, "")
     code, no_color_out, _ = run_cli(capsys, *generate_args(tiny_model, "--no-color"))
@@ -193,22 +196,39 @@ def test_generate_reads_a_prompt_file_and_applies_the_chat_template(tiny_model, 
     assert "warning" not in err  # the tiny tokenizer has a chat template
 
 
+def test_streamer_colours_exactly_the_drafted_tokens(tokenizer):
+    import io
+
+    ids = {char: tokenizer(char)["input_ids"] for char in "abcxyé"}
+    e_first, e_second = ids["é"]  # two bytes, two tokens
+    stream = io.StringIO()
+    streamer = TerminalStreamer(tokenizer, stream, color=True)
+    streamer.put(ids["a"] + ids["b"] + ids["c"], [False, True, True])
+    streamer.put(ids["x"] + [e_first], [False, True])  # é is incomplete: held back
+    streamer.put([e_second] + ids["y"], [False, True])  # é completes in an undrafted token
+    streamer.end()
+    green = lambda text: DRAFTED_STYLE + text + RESET_STYLE  # noqa: E731
+    assert stream.getvalue() == "a" + green("bc") + "x" + "é" + green("y") + "\n"
+    assert (streamer.tokens, streamer.drafted_tokens) == (7, 4)
+
+
 def test_streamer_decodes_multibyte_characters_across_tokens(tokenizer):
     import io
 
     text = "héllo wörld ✓\nnext line ünïcode"
     ids = tokenizer(text)["input_ids"]
     assert len(ids) > len(text)  # multi-byte characters span several tokens
-    stream = io.StringIO()
-    streamer = TerminalStreamer(tokenizer, stream, color=True)
-    for start in range(0, len(ids), 3):  # steps of three tokens: root + two drafted
-        chunk = ids[start : start + 3]
-        streamer.put(chunk, [False] + [True] * (len(chunk) - 1))
-    streamer.end()
-    out = stream.getvalue()
-    assert "\ufffd" not in out
-    assert out.replace(DRAFTED_STYLE, "").replace(RESET_STYLE, "") == text + "\n"
-    assert DRAFTED_STYLE in out
+    for color in (True, False):
+        stream = io.StringIO()
+        streamer = TerminalStreamer(tokenizer, stream, color=color)
+        for start in range(0, len(ids), 3):  # steps of three tokens: root + two drafted
+            chunk = ids[start : start + 3]
+            streamer.put(chunk, [False] + [True] * (len(chunk) - 1))
+        streamer.end()
+        out = stream.getvalue()
+        assert "\ufffd" not in out
+        assert out.replace(DRAFTED_STYLE, "").replace(RESET_STYLE, "") == text + "\n"
+        assert (DRAFTED_STYLE in out) is color
 
 
 # --- data files ---------------------------------------------------------------------------

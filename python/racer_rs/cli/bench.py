@@ -73,8 +73,7 @@ def add_parser(subparsers: Any) -> None:
 
 def _methods(args: argparse.Namespace) -> list[str]:
     if args.methods is None:
-        available = common.available_methods()
-        return [m for m in DEFAULT_METHODS if m in available]
+        return [m for m in DEFAULT_METHODS if common.method_importable(m)]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise CLIError("--methods: no method given")
@@ -183,9 +182,12 @@ class _Progress:
             for (setting, method), (tokens, steps) in self._totals.items()
             if setting == record.setting
         }
-        self._bar.set_description(f"bench [{record.setting}]")
         self._bar.set_postfix(running, refresh=False)
         self._bar.update(1)
+
+    def phase(self, description: str) -> None:
+        if self._bar is not None:
+            self._bar.set_description(description)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -224,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     calls = len(config.settings) * len(methods) * sum(len(q.turns) for q in questions)
     progress = _Progress(calls, enabled=not args.no_progress)
     try:
-        records = runner.run(questions, progress)
+        records = runner.run(questions, progress, progress.phase)
     finally:
         progress.close()
 

@@ -111,6 +111,21 @@ def available_methods() -> list[str]:
     return list(drafters.available_methods())
 
 
+def method_importable(method: str) -> bool:
+    """True when ``method`` is registered and its module can be found (without importing it)."""
+    import importlib.util
+
+    from racer_rs import drafters
+
+    target = drafters.METHODS.get(method)
+    if target is None:
+        return False
+    try:
+        return importlib.util.find_spec(target.split(":")[0]) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def check_methods(methods: Sequence[str]) -> None:
     """Raise CLIError for an unknown or repeated method name."""
     known = available_methods()

@@ -87,7 +87,9 @@ def format_table(summary: dict[str, Any], methods: Sequence[str]) -> str:
         for category, per_method in per_category.items():
             for position, method in enumerate(methods):
                 m = per_method[method]
-                if m["checked"] == 0:
+                if method == BASELINE and setting == "greedy":
+                    check = "ref"
+                elif m["checked"] == 0:
                     check = "-"
                 elif m["mismatches"]:
                     check = f"MISMATCH {m['mismatches']}/{m['checked']}"

@@ -106,6 +106,7 @@ class Record:
 
 
 ProgressHook = Callable[[Record], None]
+PhaseHook = Callable[[str], None]
 
 
 def first_difference(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -167,12 +168,27 @@ class BenchmarkRunner:
             drafters[method] = drafter
         return drafters
 
-    def run(self, questions: Sequence[Question], progress: ProgressHook | None = None) -> list[Record]:
-        """Run every setting, question, turn and method; return the records in run order."""
+    def run(
+        self,
+        questions: Sequence[Question],
+        progress: ProgressHook | None = None,
+        phase: PhaseHook | None = None,
+    ) -> list[Record]:
+        """Run every setting, question, turn and method; return the records in run order.
+
+        Args:
+            questions: The questions, in order.
+            progress: Called with every record as soon as it is measured.
+            phase: Called with a short description when a warm-up or a setting starts.
+        """
         records: list[Record] = []
         for setting in self.config.settings:
             drafters = self.build_drafters()
+            if phase is not None and self.config.warmup:
+                phase(f"warmup [{setting.label}]")
             self._warm_up(questions[0], setting, drafters)
+            if phase is not None:
+                phase(f"bench [{setting.label}]")
             for index, question in enumerate(questions):
                 question_records: list[Record] = []
                 for method in self._rotated_methods(index):
