@@ -27,7 +27,12 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<assistant>{% endif %}"
 )
 ROWS = [
-    {"question_id": 0, "category": "code", "mode": "completion", "turns": ["def f(x):\n    return x\ndef f(x):\n"]},
+    {
+        "question_id": 0,
+        "category": "code",
+        "mode": "completion",
+        "turns": ["def f(x):\n    return x\ndef f(x):\n"],
+    },
     {"question_id": 1, "category": "qa", "turns": ["What is two plus two?"]},
     {"question_id": 2, "category": "writing", "turns": ["Write a line.", "Now shorten it."]},
 ]
@@ -54,7 +59,15 @@ RECORD_FIELDS = {
     "tokens": list,
     "extras": dict,
 }
-METRIC_FIELDS = ("mat", "ms_per_token", "speedup", "decode_ms_per_token", "decode_speedup", "new_tokens", "steps")
+METRIC_FIELDS = (
+    "mat",
+    "ms_per_token",
+    "speedup",
+    "decode_ms_per_token",
+    "decode_speedup",
+    "new_tokens",
+    "steps",
+)
 
 
 def write_tiny_model(folder: Path, seed: int = 0) -> Path:
@@ -130,7 +143,9 @@ def bench_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
-def run_bench(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str, dict[str, Any] | None]:
+def run_bench(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> tuple[int, str, str, dict[str, Any] | None]:
     code = main(argv)
     captured = capsys.readouterr()
     out = Path(argv[argv.index("--out") + 1])
@@ -140,7 +155,9 @@ def run_bench(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int,
 
 def test_bench_writes_table_json_and_plots(tiny_model, data_file, tmp_path, capsys):
     out = tmp_path / "out"
-    argv = bench_args(tiny_model, data_file, out, "--methods", "pld,ar", "--temperature", "0.8", "0", "--repeat", "2")
+    argv = bench_args(
+        tiny_model, data_file, out, "--methods", "pld,ar", "--temperature", "0.8", "0", "--repeat", "2"
+    )
     code, stdout, stderr, report = run_bench(capsys, argv)
     assert code == 0, stderr
     for name in ("speedup.png", "mat.png", "acceptance_vs_position.png"):
@@ -231,7 +248,18 @@ def test_greedy_mismatch_is_flagged_and_exits_non_zero(tiny_model, data_file, tm
     out = tmp_path / "out"
     code, stdout, stderr, report = run_bench(
         capsys,
-        bench_args(tiny_model, data_file, out, "--methods", "ar,pld", "--temperature", "0", "--no-plots", "--limit", "1"),
+        bench_args(
+            tiny_model,
+            data_file,
+            out,
+            "--methods",
+            "ar,pld",
+            "--temperature",
+            "0",
+            "--no-plots",
+            "--limit",
+            "1",
+        ),
     )
     assert code == 1
     assert report is not None and report["ok"] is False
@@ -263,7 +291,18 @@ def test_sampling_runs_are_not_compared_token_by_token(tiny_model, data_file, tm
     out = tmp_path / "out"
     code, _, stderr, report = run_bench(
         capsys,
-        bench_args(tiny_model, data_file, out, "--methods", "pld", "--temperature", "0.7", "--no-plots", "--limit", "1"),
+        bench_args(
+            tiny_model,
+            data_file,
+            out,
+            "--methods",
+            "pld",
+            "--temperature",
+            "0.7",
+            "--no-plots",
+            "--limit",
+            "1",
+        ),
     )
     assert code == 0, stderr
     assert report["ok"] is True and all(r["mismatch"] is None for r in report["records"])
@@ -274,7 +313,17 @@ def test_persistent_mode_is_recorded(tiny_model, data_file, tmp_path, capsys):
     code, _, stderr, report = run_bench(
         capsys,
         bench_args(
-            tiny_model, data_file, out, "--methods", "ar,racer", "--temperature", "0", "--no-plots", "--persistent", "--limit", "1"
+            tiny_model,
+            data_file,
+            out,
+            "--methods",
+            "ar,racer",
+            "--temperature",
+            "0",
+            "--no-plots",
+            "--persistent",
+            "--limit",
+            "1",
         ),
     )
     assert code == 0, stderr
@@ -294,7 +343,9 @@ def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
 
 def test_malformed_data_row_is_a_one_line_error_with_file_and_line(tiny_model, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps(ROWS[0]) + "\n" + '{"question_id": 7, "turns": "not a list"}\n', encoding="utf-8")
+    bad.write_text(
+        json.dumps(ROWS[0]) + "\n" + '{"question_id": 7, "turns": "not a list"}\n', encoding="utf-8"
+    )
     code, _, err, _ = run_bench(capsys, bench_args(tiny_model, bad, tmp_path / "out"))
     assert_one_line_error(code, err, f"{bad}:2:", "'turns'")
     assert not (tmp_path / "out").exists()

@@ -23,7 +23,7 @@ from racer_rs.cli import main  # noqa: E402
 from racer_rs.cli.data import MULTI_TURN_CATEGORY, load_benchmark, load_questions  # noqa: E402
 from racer_rs.cli.errors import CLIError  # noqa: E402
 from racer_rs.cli.prompting import encode_conversation  # noqa: E402
-from racer_rs.cli.resources import repository_root, resolve_shipped  # noqa: E402
+from racer_rs.cli.resources import resolve_shipped  # noqa: E402
 from racer_rs.cli.streaming import DRAFTED_STYLE, RESET_STYLE, TerminalStreamer  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -299,15 +299,30 @@ def test_conversation_without_chat_template_joins_turns_and_answers(tokenizer):
 
 
 def test_shipped_defaults_resolve_from_cwd_then_repository(tmp_path, monkeypatch):
+    from racer_rs.cli import resources
+
+    checkout = Path(__file__).resolve().parents[1]
+    # An installed wheel has no checkout around it; the tests stand in for an editable install.
+    monkeypatch.setattr(resources, "repository_root", lambda: checkout)
     monkeypatch.chdir(tmp_path)
-    root = repository_root()
-    assert root is not None, "tests run from a source checkout"
-    assert resolve_shipped("models/pycode-target-7m", "--model") == str(root / "models/pycode-target-7m")
+    assert resolve_shipped("models/pycode-target-7m", "--model") == str(checkout / "models/pycode-target-7m")
     assert Path(resolve_shipped("data/code_completion.jsonl", "--data")).is_file()
     (tmp_path / "models" / "pycode-target-7m").mkdir(parents=True)
     assert resolve_shipped("models/pycode-target-7m", "--model") == str(tmp_path / "models/pycode-target-7m")
     with pytest.raises(CLIError, match="default --model 'models/nothing-here' not found"):
         resolve_shipped("models/nothing-here", "--model")
+    monkeypatch.setattr(resources, "repository_root", lambda: None)
+    with pytest.raises(CLIError, match="default --data 'data/code_completion.jsonl' not found"):
+        resolve_shipped("data/code_completion.jsonl", "--data")
+
+
+def test_repository_root_is_found_from_an_editable_install():
+    from racer_rs.cli import resources
+
+    if "site-packages" in resources.__file__:
+        assert resources.repository_root() is None  # an installed wheel has no checkout
+    else:
+        assert resources.repository_root() == Path(__file__).resolve().parents[1]
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -321,14 +336,14 @@ def test_missing_model_path_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_unknown_method_is_a_one_line_error(tiny_model, capsys):
-    code, _, err = run_cli(capsys, "generate", "--model", str(tiny_model), "--prompt", "x", "--method", "nope")
+    code, _, err = run_cli(
+        capsys, "generate", "--model", str(tiny_model), "--prompt", "x", "--method", "nope"
+    )
     assert_one_line_error(code, err, "unknown method 'nope'", "racer")
 
 
 def test_unknown_method_option_is_a_one_line_error(tiny_model, capsys):
-    code, _, err = run_cli(
-        capsys, *generate_args(tiny_model, "--option", "no_such_option=3", "--no-color")
-    )
+    code, _, err = run_cli(capsys, *generate_args(tiny_model, "--option", "no_such_option=3", "--no-color"))
     assert_one_line_error(code, err, "no_such_option")
 
 

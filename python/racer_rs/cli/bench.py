@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import os
 import platform
 import sys
@@ -18,7 +19,7 @@ from typing import Any
 
 from racer_rs.cli import common
 from racer_rs.cli.data import load_benchmark
-from racer_rs.cli.errors import EXIT_MISMATCH, CLIError, one_line
+from racer_rs.cli.errors import EXIT_MISMATCH, CLIError
 from racer_rs.cli.loading import eos_token_ids
 from racer_rs.cli.options import parse_options
 from racer_rs.cli.report import build_report, format_table, mismatched_records, summarise, write_json
@@ -59,7 +60,9 @@ def add_parser(subparsers: Any) -> None:
         default=list(DEFAULT_TEMPERATURES),
         help="one or more settings, run in turn; 0 = greedy (default: 0.8 0)",
     )
-    parser.add_argument("--top-p", type=common.probability, default=DEFAULT_TOP_P, help="for sampling settings")
+    parser.add_argument(
+        "--top-p", type=common.probability, default=DEFAULT_TOP_P, help="for sampling settings"
+    )
     parser.add_argument("--top-k", type=common.non_negative_int, default=0, help="for sampling settings")
     parser.add_argument("--capacity", type=common.positive_int, default=64, help="draft tree nodes")
     parser.add_argument("--seed", type=common.non_negative_int, default=0, help="question i uses seed + i")
@@ -132,7 +135,8 @@ def _config(
         "limit_per_file": args.limit,
         "methods": config.methods,
         "method_options": {
-            m: {k: v for k, v in opts.items() if k != "draft_model"} for m, opts in config.method_options.items()
+            m: {k: v for k, v in opts.items() if k != "draft_model"}
+            for m, opts in config.method_options.items()
         },
         "state": "persistent" if config.persistent else "per-request",
         "state_by_method": state_by_method,
@@ -164,8 +168,8 @@ class _Progress:
         self._bar: Any = None
         if enabled:
             try:
-                from tqdm import tqdm
-            except ImportError:  # tqdm is optional; run without a bar
+                tqdm = importlib.import_module("tqdm").tqdm
+            except ImportError:  # tqdm is optional (the "hf" extra); run without a bar
                 tqdm = None
             if tqdm is not None:
                 self._bar = tqdm(total=total, desc="bench", unit="req", file=sys.stderr, dynamic_ncols=True)
@@ -198,7 +202,11 @@ def run(args: argparse.Namespace) -> int:
     """Run ``racer bench``; return the exit code (1 when a greedy run found a mismatch)."""
     from racer_rs import drafters, generation
 
-    data = [str(p) for p in args.data] if args.data else [resolve_shipped(p, "--data") for p in DEFAULT_BENCH_DATA]
+    data = (
+        [str(p) for p in args.data]
+        if args.data
+        else [resolve_shipped(p, "--data") for p in DEFAULT_BENCH_DATA]
+    )
     questions = load_benchmark(data, args.limit)
     methods = _methods(args)
     options = parse_options(args.option, methods)
@@ -220,7 +228,9 @@ def run(args: argparse.Namespace) -> int:
         eos_token_id=eos_token_ids(models.model, models.tokenizer),
     )
     # Looked up at call time so that tests can substitute a deliberately wrong engine.
-    runner = BenchmarkRunner(models.model, models.tokenizer, config, generation.generate, drafters.make_drafter)
+    runner = BenchmarkRunner(
+        models.model, models.tokenizer, config, generation.generate, drafters.make_drafter
+    )
     runner.build_drafters()  # fail on bad method options before any timing starts
 
     calls = len(config.settings) * len(methods) * sum(len(q.turns) for q in questions)

@@ -92,9 +92,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default: float32)")
     parser.add_argument("--device", default="auto", help="torch device, or auto (default: auto)")
-    parser.add_argument(
-        "--threads", type=positive_int, help="torch CPU threads (default: torch's choice)"
-    )
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument(
         "--option",
         action="append",
@@ -170,9 +168,7 @@ class LoadedModels:
         check_model_path(self.model_path, "--model")
         self.draft_path: str | None = None
         if DRAFT_MODEL_METHODS.intersection(methods):
-            self.draft_path = args.draft_model or resolve_shipped(
-                DEFAULT_DRAFT_MODEL, "--draft-model"
-            )
+            self.draft_path = args.draft_model or resolve_shipped(DEFAULT_DRAFT_MODEL, "--draft-model")
             check_model_path(self.draft_path, "--draft-model")
 
         import torch

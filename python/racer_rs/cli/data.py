@@ -56,11 +56,7 @@ def _parse_row(row: Any, where: str) -> tuple[int | str, str, tuple[str, ...], s
     if isinstance(qid, bool) or not isinstance(qid, (int, str)):
         raise CLIError(f"{where}: 'question_id' must be an int or a string")
     turns = row["turns"]
-    if (
-        not isinstance(turns, list)
-        or not turns
-        or not all(isinstance(turn, str) and turn for turn in turns)
-    ):
+    if not isinstance(turns, list) or not turns or not all(isinstance(turn, str) and turn for turn in turns):
         raise CLIError(f"{where}: 'turns' must be a non-empty list of non-empty strings")
     category = row.get("category", "default")
     if not isinstance(category, str) or not category:

@@ -79,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("the prompt encodes to no tokens")
 
     try:
-        drafter = drafters.make_drafter(args.method, models.model, **models.method_options(args.method, options))
+        drafter = drafters.make_drafter(
+            args.method, models.model, **models.method_options(args.method, options)
+        )
     except (ValueError, TypeError) as exc:
         raise CLIError(f"method {args.method}: {one_line(exc)}") from None
 

@@ -70,9 +70,9 @@ def load_model(path: str, dtype: str, device: str, what: str = "--model") -> Any
     from transformers.utils import logging as hf_logging
 
     check_model_path(path, what)
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     except (OSError, ValueError, KeyError) as exc:
         raise CLIError(f"cannot load model {path!r} ({what}): {one_line(exc)}") from None
     return model.to(device).eval()

@@ -23,9 +23,7 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def parse_options(
-    items: Iterable[str], methods: Sequence[str]
-) -> dict[str, dict[str, Any]]:
+def parse_options(items: Iterable[str], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Group ``[METHOD.]KEY=VALUE`` strings into per-method option dicts.
 
     Args:

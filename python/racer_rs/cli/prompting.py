@@ -24,9 +24,7 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text)["input_ids"])
 
 
-def encode_conversation(
-    tokenizer: Any, user_turns: Sequence[str], answers: Sequence[str]
-) -> list[int]:
+def encode_conversation(tokenizer: Any, user_turns: Sequence[str], answers: Sequence[str]) -> list[int]:
     """Encode a conversation that ends with a user turn awaiting the assistant's answer.
 
     Args:

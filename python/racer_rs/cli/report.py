@@ -78,23 +78,49 @@ def mismatched_records(records: Sequence[Record]) -> list[Record]:
     return [r for r in records if r.mismatch]
 
 
+TABLE_HEADER = (
+    "category",
+    "method",
+    "MAT",
+    "ms/tok",
+    "speedup",
+    "dec ms/tok",
+    "dec speedup",
+    "tokens",
+    "check",
+)
+
+
+def _check_cell(setting: str, method: str, metrics: dict[str, Any]) -> str:
+    if method == BASELINE and setting == "greedy":
+        return "ref"
+    if metrics["checked"] == 0:
+        return "-"  # sampling: outputs are not comparable token by token
+    if metrics["mismatches"]:
+        return f"MISMATCH {metrics['mismatches']}/{metrics['checked']}"
+    return "ok"
+
+
+def _render_rows(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Align rows: the first two columns left, the numbers right, a rule under the first row."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
+        cells += [cell.rjust(width) for cell, width in zip(row[2:], widths[2:])]
+        lines.append("  ".join(cells).rstrip())
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return lines
+
+
 def format_table(summary: dict[str, Any], methods: Sequence[str]) -> str:
     """Render the summary as a plain-text table, one block per setting."""
-    header = ("category", "method", "MAT", "ms/tok", "speedup", "dec ms/tok", "dec speedup", "tokens", "check")
-    lines: list[str] = []
+    blocks = []
     for setting, per_category in summary.items():
-        rows: list[tuple[str, ...]] = []
+        rows: list[tuple[str, ...]] = [TABLE_HEADER]
         for category, per_method in per_category.items():
             for position, method in enumerate(methods):
                 m = per_method[method]
-                if method == BASELINE and setting == "greedy":
-                    check = "ref"
-                elif m["checked"] == 0:
-                    check = "-"
-                elif m["mismatches"]:
-                    check = f"MISMATCH {m['mismatches']}/{m['checked']}"
-                else:
-                    check = "ok"
                 rows.append(
                     (
                         category if position == 0 else "",
@@ -105,22 +131,11 @@ def format_table(summary: dict[str, Any], methods: Sequence[str]) -> str:
                         f"{m['decode_ms_per_token']:.2f}",
                         f"{m['decode_speedup']:.2f}x",
                         str(m["new_tokens"]),
-                        check,
+                        _check_cell(setting, method, m),
                     )
                 )
-        widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))]
-
-        def render(row: Sequence[str]) -> str:
-            cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
-            cells += [cell.rjust(width) for cell, width in zip(row[2:], widths[2:])]
-            return "  ".join(cells).rstrip()
-
-        lines.append(f"== {setting} ==")
-        lines.append(render(header))
-        lines.append("  ".join("-" * width for width in widths))
-        lines.extend(render(row) for row in rows)
-        lines.append("")
-    return "\n".join(lines).rstrip("\n")
+        blocks.append("\n".join([f"== {setting} ==", *_render_rows(rows)]))
+    return "\n\n".join(blocks)
 
 
 def _json_safe(value: Any) -> Any:
@@ -148,7 +163,7 @@ def build_report(
 ) -> dict[str, Any]:
     """Assemble the JSON report (schema version :data:`SCHEMA_VERSION`)."""
     mismatches = mismatched_records(records)
-    return _json_safe(
+    report: dict[str, Any] = _json_safe(
         {
             "schema_version": SCHEMA_VERSION,
             "config": config,
@@ -168,6 +183,7 @@ def build_report(
             "records": [_record_dict(r) for r in records],
         }
     )
+    return report
 
 
 def write_json(report: dict[str, Any], path: Path) -> None:
