@@ -248,6 +248,15 @@ class DecodeLoop:
         proposal = self.drafter.propose(state.context[: state.length], state.next_token, capacity)
         if not isinstance(proposal, Proposal) or not isinstance(proposal.tree, DraftTree):
             raise TypeError(f"drafter {self.drafter.name!r} must return a Proposal holding a DraftTree")
+        size = len(proposal.tree)
+        if size > capacity:
+            raise ValueError(f"drafter {self.drafter.name!r} proposed {size} nodes for a capacity of {capacity}")
+        if proposal.draft_probs is not None and (
+            proposal.tree.max_depth != size - 1 or tuple(proposal.draft_probs.shape[:1]) != (size - 1,)
+        ):
+            raise ValueError(
+                f"drafter {self.drafter.name!r}: draft_probs needs a chain tree and one row per drafted node"
+            )
         return proposal
 
     def verify(self, state: DecodeState, proposal: Proposal) -> Verification:
