@@ -7,6 +7,7 @@ plain decoding exits with code 1.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -37,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         The exit code: 0 on success, 1 when a greedy benchmark found a mismatch, 2 on bad input,
-        130 when interrupted.
+        130 when interrupted, 141 when stdout was closed early (a broken pipe).
     """
     try:
         arguments = list(sys.argv[1:] if argv is None else argv)
@@ -50,5 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("racer: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`racer generate ... | head`): stop quietly, as cat does.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except SystemExit as exc:  # --help / --version from argparse
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE

@@ -18,6 +18,9 @@ from racer_rs.cli.data import Question
 from racer_rs.cli.errors import CLIError, one_line
 from racer_rs.cli.prompting import encode_conversation, encode_text
 
+#: New-token cap of a warm-up run.
+WARMUP_TOKENS = 32
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -57,7 +60,8 @@ class BenchConfig:
         settings: Decoding settings, run one after the other.
         max_new_tokens: Token budget per turn.
         capacity: Draft tree capacity (nodes, root included).
-        warmup: Untimed runs of the first question per method and setting.
+        warmup: Untimed runs of the first question per method and setting (at most
+            :data:`WARMUP_TOKENS` new tokens each: enough to warm threads and allocators).
         repeat: Timed runs per turn (the median time is reported).
         seed: Base seed; question ``i`` uses ``seed + i``.
         persistent: Keep drafter state across requests instead of starting fresh each request.
@@ -210,7 +214,7 @@ class BenchmarkRunner:
         prompt = self._encode(question, 0, [])
         for _ in range(self.config.warmup):
             for method in self.config.methods:
-                self._call(prompt, method, setting, drafters[method], self.config.seed, question)
+                self._call(prompt, method, setting, drafters[method], self.config.seed, question, warmup=True)
 
     def _encode(self, question: Question, turn: int, answers: list[str]) -> list[int]:
         if question.mode == "completion":
@@ -222,10 +226,18 @@ class BenchmarkRunner:
         return ids
 
     def _call(
-        self, prompt: list[int], method: str, setting: Setting, drafter: Any, seed: int, question: Question
+        self,
+        prompt: list[int],
+        method: str,
+        setting: Setting,
+        drafter: Any,
+        seed: int,
+        question: Question,
+        warmup: bool = False,
     ) -> tuple[Any, float]:
         import torch
 
+        budget = min(self.config.max_new_tokens, WARMUP_TOKENS) if warmup else self.config.max_new_tokens
         torch.manual_seed(seed)
         self._synchronize()
         start = time.perf_counter()
@@ -234,7 +246,7 @@ class BenchmarkRunner:
                 self.model,
                 prompt,
                 method=method,
-                max_new_tokens=self.config.max_new_tokens,
+                max_new_tokens=budget,
                 temperature=setting.temperature,
                 top_p=setting.top_p,
                 top_k=setting.top_k,
