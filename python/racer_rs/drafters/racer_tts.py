@@ -1,0 +1,154 @@
+"""``racer_tts``: the RACER tree with an adapted draft model's chain as a third source.
+
+Each step the draft model (adapted online as in ``tts``) drafts a greedy chain; the Rust core
+merges it into the RACER tree first, then retrieval paths and the copy-logit tree fill the rest
+of the same capacity (``build_draft_tree(..., draft_chain=chain)``). The automaton and the table
+are kept up to date by a :class:`~racer_rs.drafters.racer.RacerDrafter` held by composition;
+the draft model, its cache and its update worker by a :class:`~racer_rs.drafters.tts.TTSDrafter`.
+
+After verification the chain's nodes are located in the tree; their target logits form the
+training canvas, and the chain's accepted prefix (the part of the accepted path that follows
+the chain) is its ``n_accepted``. The chain is drafted greedily (deterministically), so the
+engine's one-sample-per-node walk stays lossless when sampling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from racer_rs._native import DraftTree, build_draft_tree
+from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
+from racer_rs.drafters.racer import RacerDrafter
+from racer_rs.drafters.tts import TTSDrafter
+
+
+def chain_nodes(tree: DraftTree, chain: np.ndarray) -> np.ndarray:
+    """Indices of the root and of the chain's tokens in ``tree`` (a prefix if the tree cut it)."""
+    tokens = tree.tokens
+    parents = tree.parents
+    nodes = [0]
+    for token in chain:
+        child = np.flatnonzero((parents == nodes[-1]) & (tokens == token))
+        if child.size == 0:
+            break
+        nodes.append(int(child[0]))
+    return np.asarray(nodes, dtype=np.int64)
+
+
+class RacerTTSDrafter(Drafter):
+    """RACER + an online-adapted draft-model chain, merged under one capacity.
+
+    Args:
+        model: the target.
+        draft_model: the draft causal LM (left unmodified).
+        canvas: chain length drafted per step.
+        adapt: adapt the draft online (TTS); ``False`` keeps the original draft (an ablation).
+        ngram, max_nodes, top_k, min_depth, exempt_depth, persistent: RACER's options.
+        update_every, lr, lam, position_weights, gamma, mask, trainable, reset, asynchronous:
+            TTS options (see :class:`~racer_rs.drafters.tts.TTSDrafter`).
+    """
+
+    name = "racer_tts"
+
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        draft_model: Any = None,
+        canvas: int = 8,
+        adapt: bool = True,
+        ngram: int = 10,
+        max_nodes: int = 10_000,
+        top_k: int = 8,
+        min_depth: int = 2,
+        exempt_depth: int = 1,
+        persistent: bool = False,
+        update_every: int = 5,
+        lr: float = 1e-3,
+        lam: float = 0.0,
+        position_weights: str | Sequence[float] = "exp",
+        gamma: float = 4.0,
+        mask: str = "full_canvas",
+        trainable: str | Sequence[str] = "all",
+        reset: bool = True,
+        asynchronous: bool = True,
+    ) -> None:
+        if not isinstance(adapt, bool):
+            raise TypeError(f"adapt must be a bool, got {type(adapt).__name__}")
+        self.racer = RacerDrafter(
+            model,
+            ngram=ngram,
+            max_nodes=max_nodes,
+            top_k=top_k,
+            min_depth=min_depth,
+            exempt_depth=exempt_depth,
+            persistent=persistent,
+        )
+        self.tts = TTSDrafter(
+            model,
+            draft_model=draft_model,
+            canvas=canvas,
+            update_every=update_every,
+            lr=lr,
+            lam=lam,
+            position_weights=position_weights,
+            gamma=gamma,
+            mask=mask,
+            trainable=trainable,
+            reset=reset,
+            asynchronous=asynchronous,
+        )
+        self.adapt = adapt
+        self.needs_topk = self.racer.needs_topk
+        self.needs_logits = adapt
+        self._chain = np.empty(0, dtype=np.int32)
+
+    def begin(self, request: RequestStart) -> None:
+        """Start both sources."""
+        self.racer.begin(request)
+        self.tts.begin(request)
+
+    def propose(self, context: np.ndarray, next_token: int, capacity: int) -> Proposal:
+        """The draft chain first, then retrieval paths and the logits tree."""
+        assert self.racer.table is not None, "begin() must be called first"
+        self._chain, _ = self.tts.draft_chain(context, next_token, min(self.tts.canvas, capacity - 1))
+        tree = build_draft_tree(
+            self.racer.automaton,
+            self.racer.table,
+            next_token,
+            capacity,
+            draft_chain=self._chain,
+            exempt_depth=self.racer.exempt_depth,
+        )
+        return Proposal(tree)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """RACER's upkeep, then (if adapting) the chain's canvas goes to the TTS learner."""
+        self.racer.observe(outcome)
+        if not self.adapt:
+            return
+        nodes = chain_nodes(outcome.tree, self._chain)
+        on_path = np.asarray(outcome.path[: len(nodes)], dtype=np.int64)
+        n_accepted = int(np.cumprod(on_path == nodes[: len(on_path)]).sum()) - 1
+        logits = outcome.node_logits
+        rows = logits[torch.as_tensor(nodes, device=logits.device)] if logits is not None else None
+        self.tts.learn(outcome.tree.tokens[nodes], rows, n_accepted, outcome.finished)
+
+    def end(self) -> None:
+        """Finish both sources (the update worker is always stopped)."""
+        try:
+            self.tts.end()
+        finally:
+            self.racer.end()
+
+    def stats(self) -> dict[str, Any]:
+        """RACER's sizes and the TTS update statistics."""
+        return self.racer.stats() | (self.tts.stats() if self.adapt else {}) | {"racer_tts_adapt": self.adapt}
+
+
+make_drafter = RacerTTSDrafter
+"""Registry factory of the ``racer_tts`` method (the class itself, so unknown options are reported)."""
