@@ -132,21 +132,19 @@ def sample_nodes(
     Returns:
         ``(tokens int64[n], valid bool[n] or None)``; ``None`` when no filter is active.
     """
-    scores = logits.float() / config.temperature
-    weights = (scores - scores.max(dim=-1, keepdim=True).values).exp_()
+    weights = torch.softmax(logits.float() / config.temperature, dim=-1)
     tokens = _inverse_cdf(weights, generator)
     if not config.filtered:
         return tokens, None
-    candidate_weight = weights.gather(1, tokens.unsqueeze(1))
-    above = weights > candidate_weight
+    above = weights > weights.gather(1, tokens.unsqueeze(1))
     valid = torch.ones_like(tokens, dtype=torch.bool)
-    kept_mass = weights.sum(dim=-1)
     if 0 < config.top_k < weights.shape[-1]:
         valid &= above.sum(dim=-1) < config.top_k
         kept_mass = torch.topk(weights, config.top_k, dim=-1).values.sum(dim=-1)
+    else:
+        kept_mass = weights.sum(dim=-1)
     if config.top_p < 1.0:
-        mass_above = (weights * above).sum(dim=-1)
-        valid &= mass_above < config.top_p * kept_mass
+        valid &= (weights * above).sum(dim=-1) < config.top_p * kept_mass
     return tokens, valid
 
 
