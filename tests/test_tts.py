@@ -318,3 +318,176 @@ def test_async_worker_discard_drops_the_update_in_flight() -> None:
     worker.close(discard=True)
     assert toy.served == 1 and worker.stats()["updates"] == 1
     assert not worker_threads()
+
+
+# --- the tts and racer_tts methods in the engine ----------------------------------------------
+
+import numpy as np  # noqa: E402
+
+import racer_rs  # noqa: E402
+from racer_rs.drafters.racer_tts import RacerTTSDrafter, chain_nodes  # noqa: E402
+from racer_rs.drafters.tts import TTSDrafter  # noqa: E402
+
+PROMPT = [1, 2, 3, 4, 5, 6]
+
+
+def varied_llama(seed: int, hidden: int = 32) -> torch.nn.Module:
+    """A random Llama whose greedy output is varied (larger init than the default)."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        initializer_range=0.1,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A target and a draft that is a noisy copy of it (partial acceptance)."""
+    target = varied_llama(0, hidden=64)
+    draft = varied_llama(0, hidden=64)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(0.02 * torch.randn(param.shape, generator=gen))
+    return target, draft
+
+
+class RecordingTTS(TTSDrafter):
+    """Logs the round count at every publication of new weights."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.published_at: list[int] = []
+
+    def _publish(self) -> None:
+        self.published_at.append(self._rounds)
+        super()._publish()
+
+
+def serving_equals(drafter: TTSDrafter, other: torch.nn.Module) -> bool:
+    theirs = dict(other.named_parameters())
+    return all(torch.equal(p, theirs[n]) for n, p in drafter.draft.named_parameters())
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize("update_every", [1, 3])
+def test_updates_are_published_at_round_boundaries(pair, asynchronous: bool, update_every: int) -> None:  # type: ignore[no-untyped-def]
+    target, draft = pair
+    drafter = RecordingTTS(target, draft_model=draft, canvas=3, update_every=update_every, lr=1e-2, asynchronous=asynchronous)
+    result = racer_rs.generate(target, PROMPT, max_new_tokens=48, drafter=drafter)
+    rounds = result.extras["tts_rounds"]
+    # A round that ends the request trains nothing; a final step that only commits its root
+    # (no draft, no verification) is not a round.
+    last_round_finished = rounds == result.steps
+    boundaries = [r for r in range(update_every, rounds + 1, update_every) if r < rounds or not last_round_finished]
+    assert result.extras["tts_submitted"] == len(boundaries) > 0
+    if asynchronous:
+        # Update k is published at boundary k+1; the last one when the request ends.
+        assert drafter.published_at == boundaries[1:] + [rounds]
+    else:
+        assert drafter.published_at == boundaries
+    assert result.extras["tts_updates"] == len(boundaries)  # none lost, none applied twice
+    shadow = dict(drafter.shadow.named_parameters())
+    assert all(torch.equal(p, shadow[n]) for n, p in drafter.draft.named_parameters())  # the latest is served
+    assert not serving_equals(drafter, draft)  # the draft did change
+    assert not [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME_PREFIX)]
+
+
+def test_caller_draft_is_untouched_and_requests_restart_from_it(pair) -> None:  # type: ignore[no-untyped-def]
+    target, draft = pair
+    before = {n: p.clone() for n, p in draft.named_parameters()}
+    drafter = TTSDrafter(target, draft_model=draft, canvas=3, update_every=1, lr=1e-2)
+    first = racer_rs.generate(target, PROMPT, max_new_tokens=32, drafter=drafter)
+    assert all(torch.equal(p, before[n]) for n, p in draft.named_parameters())
+    assert not serving_equals(drafter, draft)
+    second = racer_rs.generate(target, PROMPT, max_new_tokens=32, drafter=drafter)
+    assert second.accepted_lengths == first.accepted_lengths  # same start weights, same trajectory
+    carry = TTSDrafter(target, draft_model=draft, canvas=3, update_every=1, lr=1e-2, reset=False, asynchronous=False)
+    a = racer_rs.generate(target, PROMPT, max_new_tokens=32, drafter=carry)
+    adapted = {n: p.clone() for n, p in carry.draft.named_parameters()}
+    b = racer_rs.generate(target, PROMPT, max_new_tokens=32, drafter=carry)
+    assert a.tokens == b.tokens
+    assert not all(torch.equal(p, adapted[n]) for n, p in carry.draft.named_parameters())  # kept learning
+
+
+def test_frozen_draft_parameters_stay_bit_identical_in_generation(pair) -> None:  # type: ignore[no-untyped-def]
+    target, draft = pair
+    drafter = TTSDrafter(target, draft_model=draft, canvas=3, update_every=1, lr=1e-2, trainable="no_embeddings")
+    racer_rs.generate(target, PROMPT, max_new_tokens=32, drafter=drafter)
+    original = dict(draft.named_parameters())
+    for name, param in drafter.draft.named_parameters():
+        same = torch.equal(param, original[name])
+        assert same == (name not in drafter.trainable), name
+
+
+def test_worker_stops_when_generation_fails(pair) -> None:  # type: ignore[no-untyped-def]
+    target, draft = pair
+
+    class Exploding:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def put(self, tokens, drafted) -> None:  # type: ignore[no-untyped-def]
+            self.calls += 1
+            if self.calls == 6:
+                raise KeyboardInterrupt("stop")
+
+        def end(self) -> None:
+            pass
+
+    drafter = TTSDrafter(target, draft_model=draft, canvas=3, update_every=1, lr=1e-2)
+    with pytest.raises(KeyboardInterrupt):
+        racer_rs.generate(target, PROMPT, max_new_tokens=64, drafter=drafter, streamer=Exploding())
+    assert not [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME_PREFIX)]
+    assert drafter.stats()["tts_updates"] >= 1
+    result = racer_rs.generate(target, PROMPT, max_new_tokens=16, drafter=drafter)  # usable again
+    assert result.tokens == racer_rs.generate(target, PROMPT, method="ar", max_new_tokens=16).tokens
+
+
+@pytest.mark.parametrize("options", [{}, {"adapt": False}, {"capacity": 4}, {"mask": "on_trajectory", "lam": 0.5}])
+def test_racer_tts_greedy_output_equals_plain_greedy(pair, options: dict) -> None:  # type: ignore[no-untyped-def]
+    target, draft = pair
+    options = dict(options)
+    capacity = options.pop("capacity", 16)
+    for prompt in (PROMPT, [9, 9, 9, 4, 9, 9, 9, 4, 9]):
+        expected = racer_rs.generate(target, prompt, method="ar", max_new_tokens=48).tokens
+        result = racer_rs.generate(
+            target, prompt, method="racer_tts", max_new_tokens=48, draft_model=draft, canvas=4, capacity=capacity,
+            update_every=1, lr=1e-2, **options,
+        )
+        assert result.tokens == expected
+        assert result.mat > 1.0
+        if options.get("adapt", True):
+            assert result.extras["tts_updates"] > 0
+
+
+def test_chain_nodes_finds_the_chain_in_a_merged_tree() -> None:
+    tree = racer_rs.DraftTree(np.array([5, 7, 3, 8, 4, 9]), np.array([-1, 0, 0, 1, 2, 3]))
+    assert chain_nodes(tree, np.array([7, 8, 9])).tolist() == [0, 1, 3, 5]
+    assert chain_nodes(tree, np.array([3, 4, 6])).tolist() == [0, 2, 4]
+    assert chain_nodes(tree, np.array([1])).tolist() == [0]
+
+
+def test_racer_tts_learns_from_the_chain_rows_only(pair) -> None:  # type: ignore[no-untyped-def]
+    target, draft = pair
+    drafter = RacerTTSDrafter(target, draft_model=draft, canvas=4, update_every=1, asynchronous=False)
+    seen: list[tuple[list[int], int, int]] = []
+    learn = drafter.tts.learn
+
+    def spy(tokens, logits, n_accepted, finished=False):  # type: ignore[no-untyped-def]
+        seen.append((list(tokens), logits.shape[0], n_accepted))
+        learn(tokens, logits, n_accepted, finished)
+
+    drafter.tts.learn = spy  # type: ignore[method-assign]
+    racer_rs.generate(target, PROMPT, max_new_tokens=32, drafter=drafter, capacity=16)
+    assert seen
+    for tokens, rows, n_accepted in seen:
+        assert rows == len(tokens) <= 5 and 0 <= n_accepted <= len(tokens) - 1
