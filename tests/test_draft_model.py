@@ -225,7 +225,8 @@ def exact_third_token(model: torch.nn.Module, prompt: list[int], temperature: fl
     p1 = dist(base)[0]
     seqs1 = torch.cat([base.repeat(SMALL_VOCAB, 1), torch.arange(SMALL_VOCAB)[:, None]], dim=1)
     p2 = dist(seqs1)  # [t1, t2]
-    seqs2 = torch.cat([seqs1.repeat_interleave(SMALL_VOCAB, 0), torch.arange(SMALL_VOCAB).repeat(SMALL_VOCAB)[:, None]], 1)
+    last = torch.arange(SMALL_VOCAB).repeat(SMALL_VOCAB)[:, None]
+    seqs2 = torch.cat([seqs1.repeat_interleave(SMALL_VOCAB, 0), last], dim=1)
     p3 = dist(seqs2).reshape(SMALL_VOCAB, SMALL_VOCAB, SMALL_VOCAB)
     return torch.einsum("a,ab,abc->c", p1, p2, p3).numpy()
 

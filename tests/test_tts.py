@@ -5,11 +5,15 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import racer_rs  # noqa: E402
+from racer_rs.drafters.racer_tts import RacerTTSDrafter, chain_nodes  # noqa: E402
+from racer_rs.drafters.tts import TTSDrafter  # noqa: E402
 from racer_rs.tts.distill import (  # noqa: E402
     Canvas,
     DistillConfig,
@@ -72,7 +76,8 @@ def trainable_params(model: torch.nn.Module, names: list[str]) -> list[torch.nn.
 
 
 def distance(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    return sum(float((pa - pb).detach().pow(2).sum()) for pa, pb in zip(a.parameters(), b.parameters(), strict=True)) ** 0.5
+    pairs = zip(a.parameters(), b.parameters(), strict=True)
+    return sum(float((pa - pb).detach().pow(2).sum()) for pa, pb in pairs) ** 0.5
 
 
 # --- distillation -----------------------------------------------------------------------------
@@ -322,12 +327,6 @@ def test_async_worker_discard_drops_the_update_in_flight() -> None:
 
 # --- the tts and racer_tts methods in the engine ----------------------------------------------
 
-import numpy as np  # noqa: E402
-
-import racer_rs  # noqa: E402
-from racer_rs.drafters.racer_tts import RacerTTSDrafter, chain_nodes  # noqa: E402
-from racer_rs.drafters.tts import TTSDrafter  # noqa: E402
-
 PROMPT = [1, 2, 3, 4, 5, 6]
 
 
@@ -379,15 +378,19 @@ def serving_equals(drafter: TTSDrafter, other: torch.nn.Module) -> bool:
 
 @pytest.mark.parametrize("asynchronous", [False, True])
 @pytest.mark.parametrize("update_every", [1, 3])
-def test_updates_are_published_at_round_boundaries(pair, asynchronous: bool, update_every: int) -> None:  # type: ignore[no-untyped-def]
+def test_updates_are_published_at_round_boundaries(pair, asynchronous: bool, update_every: int) -> None:  # type: ignore[no-untyped-def]  # noqa: E501
     target, draft = pair
-    drafter = RecordingTTS(target, draft_model=draft, canvas=3, update_every=update_every, lr=1e-2, asynchronous=asynchronous)
+    drafter = RecordingTTS(
+        target, draft_model=draft, canvas=3, update_every=update_every, lr=1e-2, asynchronous=asynchronous
+    )
     result = racer_rs.generate(target, PROMPT, max_new_tokens=48, drafter=drafter)
     rounds = result.extras["tts_rounds"]
     # A round that ends the request trains nothing; a final step that only commits its root
     # (no draft, no verification) is not a round.
     last_round_finished = rounds == result.steps
-    boundaries = [r for r in range(update_every, rounds + 1, update_every) if r < rounds or not last_round_finished]
+    boundaries = [
+        r for r in range(update_every, rounds + 1, update_every) if r < rounds or not last_round_finished
+    ]
     assert result.extras["tts_submitted"] == len(boundaries) > 0
     if asynchronous:
         # Update k is published at boundary k+1; the last one when the request ends.

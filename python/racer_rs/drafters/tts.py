@@ -160,7 +160,9 @@ class TTSDrafter(DraftModelDrafter):
         # Views of the cache as it is now (the committed context): later cache updates concatenate
         # into new tensors, so these stay valid as the training prefix of this round's canvas.
         n_prefix = len(context)
-        self._prefix = tuple((layer.keys[..., :n_prefix, :], layer.values[..., :n_prefix, :]) for layer in self._cache.layers)
+        self._prefix = tuple(
+            (layer.keys[..., :n_prefix, :], layer.values[..., :n_prefix, :]) for layer in self._cache.layers
+        )
         return logits
 
     def _train(self, canvas: Canvas) -> float:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -228,14 +229,14 @@ def distill_step(
 
 
 def trainable_parameter_names(
-    model: nn.Module,
+    model: Any,
     trainable: str | Sequence[str] = "all",
     shared_with: nn.Module | None = None,
 ) -> list[str]:
     """Names of the draft parameters that TTS may update.
 
     Args:
-        model: the draft.
+        model: the draft (a transformers ``PreTrainedModel``).
         trainable: ``"all"``, ``"no_embeddings"`` (input embeddings and LM head frozen) or a
             sequence of parameter-name prefixes.
         shared_with: the target; any draft parameter that shares storage with one of its
