@@ -52,7 +52,12 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--all", dest="limit", action="store_const", const=None, help="every question")
     parser.add_argument("--warmup", type=common.non_negative_int, default=1, help="untimed runs per method")
-    parser.add_argument("--repeat", type=common.positive_int, default=1, help="timed runs per turn (median)")
+    parser.add_argument(
+        "--repeat",
+        type=common.positive_int,
+        default=1,
+        help="timed runs per turn; the median run is reported",
+    )
     parser.add_argument(
         "--temperature",
         type=common.non_negative_float,
@@ -70,7 +75,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    common.add_model_arguments(parser)
+    # One intra-op thread: a small model's matmuls gain little from more, and on a shared or busy
+    # CPU extra threads spin-wait on each other (measured 15x slower ar with 2 threads on 2 busy
+    # cores), which would swamp the differences between methods.
+    common.add_model_arguments(parser, default_threads=1)
     parser.set_defaults(run=run)
 
 
@@ -200,6 +208,11 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``racer bench``; return the exit code (1 when a greedy run found a mismatch)."""
+    with common.torch_threads(args.threads):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from racer_rs import drafters, generation
 
     data = (

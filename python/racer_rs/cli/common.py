@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from racer_rs.cli.errors import CLIError
@@ -80,8 +81,13 @@ def _float(text: str) -> float:
     return value
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add --model, --draft-model, --dtype, --device and --threads."""
+def add_model_arguments(parser: argparse.ArgumentParser, default_threads: int = 0) -> None:
+    """Add --model, --draft-model, --dtype, --device, --threads and --option.
+
+    Args:
+        parser: The subcommand's parser.
+        default_threads: Default of --threads (0 keeps torch's own choice).
+    """
     parser.add_argument(
         "--model",
         help="target model: a local folder or a hub id (default: the shipped models/pycode-target-7m)",
@@ -92,7 +98,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default: float32)")
     parser.add_argument("--device", default="auto", help="torch device, or auto (default: auto)")
-    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads",
+        type=non_negative_int,
+        default=default_threads,
+        help=f"torch CPU threads, 0 = torch's choice (default: {default_threads})",
+    )
     parser.add_argument(
         "--option",
         action="append",
@@ -142,6 +153,20 @@ def check_options(options: dict[str, Any], method: str) -> None:
             raise CLIError(f"--option {key!r} (method {method}): use the dedicated flag instead")
 
 
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block with ``count`` torch intra-op threads (0: leave as is), then restore."""
+    import torch
+
+    previous = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 class LoadedModels:
     """The target model, its tokenizer and (when a method needs one) the draft model.
 
@@ -171,10 +196,6 @@ class LoadedModels:
             self.draft_path = args.draft_model or resolve_shipped(DEFAULT_DRAFT_MODEL, "--draft-model")
             check_model_path(self.draft_path, "--draft-model")
 
-        import torch
-
-        if args.threads:
-            torch.set_num_threads(args.threads)
         self.device = resolve_device(args.device)
         self.tokenizer = load_tokenizer(self.model_path)
         self.model = load_model(self.model_path, args.dtype, self.device)

@@ -59,6 +59,11 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``racer generate``; return the exit code."""
+    with common.torch_threads(args.threads):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     import torch
 
     from racer_rs import drafters, generation

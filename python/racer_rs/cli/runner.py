@@ -8,7 +8,6 @@ questions feed each method its own previous answer.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -62,7 +61,7 @@ class BenchConfig:
         capacity: Draft tree capacity (nodes, root included).
         warmup: Untimed runs of the first question per method and setting (at most
             :data:`WARMUP_TOKENS` new tokens each: enough to warm threads and allocators).
-        repeat: Timed runs per turn (the median time is reported).
+        repeat: Timed runs per turn (the run with the median wall time is reported).
         seed: Base seed; question ``i`` uses ``seed + i``.
         persistent: Keep drafter state across requests instead of starting fresh each request.
         eos_token_id: End-of-sequence id(s).
@@ -269,13 +268,14 @@ class BenchmarkRunner:
         records = []
         for turn in range(len(question.turns)):
             prompt = self._encode(question, turn, answers)
-            walls = []
-            result = None
-            for _ in range(self.config.repeat):
-                result, wall = self._call(prompt, method, setting, drafter, seed, question)
-                walls.append(wall)
-            assert result is not None  # repeat >= 1
-            wall = statistics.median(walls)
+            runs = [
+                self._call(prompt, method, setting, drafter, seed, question)
+                for _ in range(self.config.repeat)
+            ]
+            walls = [wall for _, wall in runs]
+            # Report the run with the median wall time (the lower one for an even count), so
+            # that its prefill and decode split belong to the same run.
+            result, wall = sorted(runs, key=lambda run: run[1])[(len(runs) - 1) // 2]
             prefill = float(result.timings.get("prefill", 0.0))
             records.append(
                 Record(
