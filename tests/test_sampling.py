@@ -28,14 +28,17 @@ from racer_rs.drafters import make_drafter  # noqa: E402
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart  # noqa: E402
 from racer_rs.generation import DecodeLoop, DecodeState  # noqa: E402
 from racer_rs.sampling import (  # noqa: E402
+    CANDIDATES,
     SamplingConfig,
     chain_speculative_sample,
+    draw_uniforms,
     process_logits,
     resample_node,
     sample_nodes,
+    sample_position,
 )
 from racer_rs.verify import TreeVerifier  # noqa: E402
-from tests.tiny_models import tiny_model  # noqa: E402
+from tests.tiny_models import REPEATING_PROMPT, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -152,6 +155,39 @@ def test_seeded_generation_is_reproducible(model: torch.nn.Module) -> None:
     assert any(racer_rs.generate(model, PROMPT, seed=s, **kwargs).tokens != first for s in range(8, 12))
 
 
+@torch.inference_mode()
+def plain_sampling(model: torch.nn.Module, prompt: list[int], new_tokens: int, config: SamplingConfig, seed: int) -> list[int]:
+    """Plain decoding, one token per forward, sampling position t with uniforms row t."""
+    from transformers import DynamicCache
+
+    generator = torch.Generator().manual_seed(seed)
+    uniforms = draw_uniforms(new_tokens + 1, generator)
+    cache = DynamicCache(config=model.config)
+    logits = model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True).logits[0, -1]
+    tokens: list[int] = []
+    for position in range(new_tokens):
+        tokens.append(sample_position(logits, config, uniforms[position], generator))
+        logits = model(input_ids=torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True).logits[0, -1]
+    return tokens
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_sampled_text_is_the_same_for_every_method_and_plain_decoding(family: str) -> None:
+    """Samples are keyed by generation position, so drafting never changes the sampled text."""
+    model = tiny_model(family, seed=1, sharpen=15.0)
+    config = SamplingConfig(temperature=1.0, top_p=0.9)
+    accepted = []
+    for seed in range(3):
+        expected = plain_sampling(model, REPEATING_PROMPT, 40, config, seed)
+        for method in ["ar", "pld", "token_recycling", "racer", "racer_retrieval", "racer_logits"]:
+            result = racer_rs.generate(
+                model, REPEATING_PROMPT, method=method, max_new_tokens=40, temperature=1.0, top_p=0.9, seed=seed
+            )
+            assert result.tokens == expected, (method, seed)
+            accepted.append(result.mat)
+    assert max(accepted) > 1.2  # drafts were accepted, so verification really ran on trees
+
+
 # Chain speculative sampling (Proposal.draft_probs) ------------------------------------------
 
 
@@ -245,10 +281,11 @@ def test_process_logits_matches_transformers_warpers(config: SamplingConfig) -> 
 
 def _node_samples(logits: torch.Tensor, config: SamplingConfig, honour_validity: bool) -> list[int]:
     generator = torch.Generator().manual_seed(3)
-    tokens, valid = sample_nodes(logits, config, generator)
+    tokens, valid = sample_nodes(logits, config, torch.rand(logits.shape[0], generator=generator))
     if valid is not None and honour_validity:
         for row in torch.nonzero(~valid).flatten().tolist():
-            tokens[row] = resample_node(logits[row], config, generator)
+            uniforms = torch.rand(CANDIDATES, generator=generator)
+            tokens[row] = sample_position(logits[row], config, uniforms, generator)
     return tokens.tolist()
 
 

@@ -29,7 +29,14 @@ from transformers import PreTrainedModel
 from racer_rs._native import DraftTree
 from racer_rs.drafters import make_drafter
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
-from racer_rs.sampling import SamplingConfig, chain_speculative_sample, process_logits, resample_node, sample_nodes
+from racer_rs.sampling import (
+    SamplingConfig,
+    chain_speculative_sample,
+    draw_uniforms,
+    process_logits,
+    sample_nodes,
+    sample_position,
+)
 from racer_rs.verify import TreeVerifier, model_window
 
 TIMING_KEYS = ("prefill", "draft", "verify", "forward", "bookkeeping", "total")
@@ -83,6 +90,8 @@ class DecodeState:
         timings: accumulated seconds per phase (see :class:`GenerationResult`).
         tree_nodes: total number of verified tree nodes.
         resampled_nodes: nodes whose fast sample had to be redrawn exactly.
+        uniforms: ``[max_new_tokens + 1, CANDIDATES]`` uniforms keyed by generation position
+            (sampling only; see :func:`racer_rs.sampling.draw_uniforms`).
     """
 
     context: np.ndarray
@@ -96,6 +105,7 @@ class DecodeState:
     timings: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIMING_KEYS, 0.0))
     tree_nodes: int = 0
     resampled_nodes: int = 0
+    uniforms: torch.Tensor | None = None
 
     @property
     def generated(self) -> int:
@@ -188,7 +198,13 @@ class DecodeLoop:
         """Run the prompt, pick the first token and start the drafter's request."""
         start = time.perf_counter()
         output = self.verifier.prefill(prompt, topk=self.drafter.needs_topk)
-        first = self._first_token(output.last_logits)
+        uniforms = None
+        if self.sampling.greedy:
+            first = int(output.last_logits.argmax())
+        else:
+            # One extra row: a step's deepest node may predict one token past the budget.
+            uniforms = draw_uniforms(max_new_tokens + 1, self.generator, self.verifier.device)
+            first = sample_position(output.last_logits, self.sampling, uniforms[0], self.generator)
         context = np.zeros(len(prompt) + max_new_tokens, dtype=np.int32)
         context[: len(prompt)] = prompt
         state = DecodeState(
@@ -197,6 +213,7 @@ class DecodeLoop:
             length=len(prompt),
             next_token=first,
             max_new_tokens=max_new_tokens,
+            uniforms=uniforms,
         )
         self.drafter.begin(
             RequestStart(
@@ -217,11 +234,6 @@ class DecodeLoop:
         )
         state.timings["prefill"] += time.perf_counter() - start
         return state
-
-    def _first_token(self, logits: torch.Tensor) -> int:
-        if self.sampling.greedy:
-            return int(logits.argmax())
-        return resample_node(logits, self.sampling, self.generator)
 
     def step(self, state: DecodeState) -> None:
         """One decode step: draft, verify, accept and commit."""
@@ -245,7 +257,9 @@ class DecodeLoop:
 
     def draft(self, state: DecodeState, capacity: int) -> Proposal:
         """Ask the drafter for a tree rooted at ``state.next_token``."""
-        proposal = self.drafter.propose(state.context[: state.length], state.next_token, capacity)
+        context = state.context[: state.length]
+        context.flags.writeable = False  # a view of the engine's buffer; drafters only read it
+        proposal = self.drafter.propose(context, state.next_token, capacity)
         if not isinstance(proposal, Proposal) or not isinstance(proposal.tree, DraftTree):
             raise TypeError(f"drafter {self.drafter.name!r} must return a Proposal holding a DraftTree")
         size = len(proposal.tree)
@@ -285,7 +299,10 @@ class DecodeLoop:
         elif self.sampling.greedy:
             parts = [logits.argmax(dim=-1)]
         else:
-            predicted, valid = sample_nodes(logits, self.sampling, self.generator)
+            assert state.uniforms is not None
+            # Node at depth d predicts generation position generated + d + 1 (see draw_uniforms).
+            rows = torch.from_numpy(tree.depths.astype(np.int64) + state.generated + 1).to(state.uniforms.device)
+            predicted, valid = sample_nodes(logits, self.sampling, state.uniforms[rows, 0])
             parts = [predicted] if valid is None else [predicted, valid.long()]
         k = self.drafter.needs_topk
         if k > 0:
@@ -320,8 +337,10 @@ class DecodeLoop:
             invalid = np.flatnonzero(~valid[path])
             if invalid.size == 0:
                 return path, bonus
+            assert state.uniforms is not None
             node = path[int(invalid[0])]
-            predicted[node] = resample_node(logits[node], self.sampling, self.generator)
+            position = state.generated + int(invalid[0]) + 1  # path index = depth
+            predicted[node] = sample_position(logits[node], self.sampling, state.uniforms[position], self.generator)
             valid[node] = True
             state.resampled_nodes += 1
             path, bonus = tree.greedy_accept(predicted)

@@ -9,8 +9,12 @@ Verification needs one sample per tree node from that distribution. Sorting ever
 is far slower than the model forward of a small model, so :func:`sample_nodes` draws one
 candidate per node from the temperature distribution and checks, without sorting, whether it
 survives the filters. A candidate that does not is flagged; the engine redraws it with
-:func:`resample_node` only if the acceptance walk visits that node. Rejection sampling with an
-exact fallback keeps the filtered distribution exactly.
+:func:`sample_position` only if the acceptance walk visits that node. Rejection sampling with
+an exact fallback keeps the filtered distribution exactly.
+
+Samples are keyed by generation position (:func:`draw_uniforms`): the token sampled at
+position ``t`` depends only on the target's distribution there and on row ``t`` of the
+request's uniforms, so every drafting method yields the same text for a seed.
 """
 
 from __future__ import annotations
@@ -104,36 +108,60 @@ def sample_plain(logits: torch.Tensor, config: SamplingConfig, generator: torch.
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _inverse_cdf(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+CANDIDATES = 4
+"""Uniforms per generated position: candidates tried before an exact sorted draw (see
+:func:`sample_position`); all four miss a top-p 0.95 nucleus with probability below 1e-5."""
+
+
+def draw_uniforms(positions: int, generator: torch.Generator | None, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The uniforms a request samples with: ``CANDIDATES`` per generated position.
+
+    Tree nodes at the same depth share their position's uniforms, so the token sampled for
+    generation position ``t`` is a fixed function of the target's distribution there and of
+    row ``t``, whatever the draft: every method (and plain decoding with the same rows)
+    produces the same sampled text for a seed.
+
+    Args:
+        positions: number of generation positions to cover.
+        generator: random generator (``None``: torch's global one).
+        device: where the uniforms live.
+
+    Returns:
+        ``float32[positions, CANDIDATES]`` in ``[0, 1)``.
+    """
+    return torch.rand((positions, CANDIDATES), generator=generator, device=device)
+
+
+def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One draw per row proportional to non-negative ``weights`` ``[n, V]``; ``int64[n]``."""
     cdf = weights.cumsum(dim=-1)
-    u = torch.rand((weights.shape[0], 1), generator=generator, device=weights.device, dtype=cdf.dtype)
     # right=True never lands on a zero-weight token: its cdf equals its predecessor's.
-    drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+    drawn = torch.searchsorted(cdf, uniforms.view(-1, 1).to(cdf.dtype) * cdf[:, -1:], right=True)
     return drawn.clamp_(max=weights.shape[-1] - 1).squeeze(-1)
 
 
 def sample_nodes(
-    logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None = None
+    logits: torch.Tensor, config: SamplingConfig, uniforms: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One sample per node from the processed distribution, without sorting the vocabulary.
+    """One candidate sample per node, without sorting the vocabulary.
 
-    Each node draws a candidate from the temperature distribution. When a filter is active,
-    a candidate is valid iff it survives it: fewer than ``top_k`` tokens are strictly more
-    probable, and their mass is below ``top_p`` times the mass kept by top-k. A valid
-    candidate is distributed exactly as a draw from the filtered distribution; an invalid
-    one must be replaced by :func:`resample_node` before it is used.
+    Each node draws a candidate from the temperature distribution by inverse CDF (in
+    vocabulary order) at its uniform. When a filter is active, a candidate is valid iff it
+    survives it: fewer than ``top_k`` tokens are strictly more probable, and their mass is
+    below ``top_p`` times the mass kept by top-k. A valid candidate is distributed exactly
+    as a draw from the filtered distribution; an invalid one must be replaced by
+    :func:`sample_position` before it is used (rejection sampling).
 
     Args:
         logits: ``[n, V]`` raw logits.
         config: non-greedy sampling settings.
-        generator: random generator (``None``: torch's global one).
+        uniforms: ``[n]`` uniforms in ``[0, 1)``, one per node.
 
     Returns:
         ``(tokens int64[n], valid bool[n] or None)``; ``None`` when no filter is active.
     """
     weights = torch.softmax(logits.float() / config.temperature, dim=-1)
-    tokens = _inverse_cdf(weights, generator)
+    tokens = _inverse_cdf(weights, uniforms)
     if not config.filtered:
         return tokens, None
     above = weights > weights.gather(1, tokens.unsqueeze(1))
@@ -148,8 +176,35 @@ def sample_nodes(
     return tokens, valid
 
 
+def sample_position(
+    logits: torch.Tensor, config: SamplingConfig, uniforms: torch.Tensor, generator: torch.Generator | None = None
+) -> int:
+    """The token sampled at one generation position: the first valid candidate.
+
+    Candidates are drawn as in :func:`sample_nodes` with ``uniforms[0]``, ``uniforms[1]``,
+    ...; if none survives the filters, an exact draw from the sorted filtered distribution
+    (with ``generator``) is taken. Each step of this rejection sampling is exact, so the
+    result follows the processed distribution exactly.
+
+    Args:
+        logits: ``[V]`` raw logits at the position.
+        config: non-greedy sampling settings.
+        uniforms: ``[CANDIDATES]`` the position's uniforms.
+        generator: random generator for the exact fallback.
+
+    Returns:
+        The sampled token id.
+    """
+    rows = logits.unsqueeze(0)
+    for uniform in uniforms.view(-1, 1):
+        token, valid = sample_nodes(rows, config, uniform)
+        if valid is None or bool(valid[0]):
+            return int(token[0])
+    return resample_node(logits, config, generator)
+
+
 def resample_node(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None = None) -> int:
-    """An exact draw from the processed distribution of one node (slow path).
+    """An exact draw from the processed distribution of one node (sorts the vocabulary).
 
     Args:
         logits: ``[V]`` raw logits of the node.
@@ -160,7 +215,8 @@ def resample_node(logits: torch.Tensor, config: SamplingConfig, generator: torch
         The sampled token id.
     """
     probs = process_logits(logits.unsqueeze(0), config).softmax(dim=-1)
-    return int(_inverse_cdf(probs, generator)[0])
+    uniform = torch.rand(1, generator=generator, device=probs.device)
+    return int(_inverse_cdf(probs, uniform)[0])
 
 
 def chain_speculative_sample(
@@ -197,5 +253,6 @@ def chain_speculative_sample(
     residual = (p[:-1] - q).clamp_(min=0.0)
     empty = residual.sum(dim=-1, keepdim=True) <= 0
     residual = torch.where(empty, p[:-1], residual)  # only reachable through rounding
-    candidates = _inverse_cdf(torch.cat([residual, p[-1:]]), generator)
+    rows = torch.cat([residual, p[-1:]])
+    candidates = _inverse_cdf(rows, torch.rand(rows.shape[0], generator=generator, device=rows.device))
     return torch.cat([accepted, candidates.gather(0, accepted)])

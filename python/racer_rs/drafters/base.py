@@ -144,7 +144,11 @@ class Drafter(ABC):
         """
 
     def observe(self, outcome: StepOutcome) -> None:  # noqa: B027 - optional hook
-        """Learn from a verified step."""
+        """Learn from a verified step.
+
+        Not called for a request's last step when that step only commits the root (the
+        budget had one token left, or the root is an EOS): no tree is verified then.
+        """
 
     def end(self) -> None:  # noqa: B027 - optional hook
         """The request finished (normally or not)."""
