@@ -280,13 +280,13 @@ class DecodeLoop:
         one sample per node, with validity flags) or the chain decision, plus top-k ids.
         """
         tree = proposal.tree
-        tokens = tree.tokens
+        tokens, depths = tree.tokens, tree.depths
         n = len(tokens)
         if int(tokens[0]) != state.next_token:
             raise ValueError(f"drafter {self.drafter.name!r} returned a tree whose root is not next_token")
         state.tree_nodes += n
         model_seconds = self.verifier.model_seconds
-        logits = self.verifier.forward_tree(tokens, tree.depths, tree.attention_mask() if n > 1 else None)
+        logits = self.verifier.forward_tree(tokens, depths, tree.attention_mask() if n > 1 else None)
         state.timings["forward"] += self.verifier.model_seconds - model_seconds
 
         chain = proposal.draft_probs is not None and not self.sampling.greedy and n > 1
@@ -301,7 +301,7 @@ class DecodeLoop:
         else:
             assert state.uniforms is not None
             # Node at depth d predicts generation position generated + d + 1 (see draw_uniforms).
-            rows = torch.from_numpy(tree.depths.astype(np.int64) + state.generated + 1).to(state.uniforms.device)
+            rows = torch.from_numpy(depths.astype(np.int64) + state.generated + 1).to(state.uniforms.device)
             predicted, valid = sample_nodes(logits, self.sampling, state.uniforms[rows, 0])
             parts = [predicted] if valid is None else [predicted, valid.long()]
         k = self.drafter.needs_topk
