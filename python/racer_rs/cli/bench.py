@@ -27,8 +27,8 @@ from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
 from racer_rs.cli.runner import BenchConfig, BenchmarkRunner, Record, Setting
 
 DEFAULT_METHODS = ("ar", "pld", "token_recycling", "racer", "tts")
-DEFAULT_LIMIT = 5
-DEFAULT_MAX_NEW_TOKENS = 128
+DEFAULT_LIMIT = 10
+DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_TEMPERATURES = (0.8, 0.0)
 DEFAULT_TOP_P = 0.95
 

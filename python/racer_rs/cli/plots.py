@@ -29,7 +29,7 @@ def _bar_chart(summary: dict[str, Any], methods: Sequence[str], key: str, title:
     plt = _pyplot()
     settings = list(summary)
     figure, axes = plt.subplots(
-        len(settings), 1, figsize=(max(6.0, 1.2 * len(methods) * 2), 3.6 * len(settings)), squeeze=False
+        len(settings), 1, figsize=(max(7.5, 2.4 * len(methods)), 3.6 * len(settings)), squeeze=False
     )
     for axis, setting in zip(axes[:, 0], settings):
         categories = list(summary[setting])
@@ -43,7 +43,8 @@ def _bar_chart(summary: dict[str, Any], methods: Sequence[str], key: str, title:
         axis.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
         axis.set_title(f"{title} ({setting})")
         axis.set_ylabel(title)
-        axis.legend(fontsize="small", ncol=min(len(methods), 4))
+        # Outside the axes, so that it never hides a bar.
+        axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -79,7 +80,7 @@ def _acceptance_curves(
 def _acceptance_plot(records: Sequence[Record], methods: Sequence[str], bucket: int, path: Path) -> None:
     plt = _pyplot()
     curves = _acceptance_curves(records, methods, bucket)
-    figure, axes = plt.subplots(len(curves), 1, figsize=(7.5, 3.6 * len(curves)), squeeze=False)
+    figure, axes = plt.subplots(len(curves), 1, figsize=(9.0, 3.6 * len(curves)), squeeze=False)
     for axis, (setting, per_method) in zip(axes[:, 0], curves.items()):
         for method, (xs, ys) in per_method.items():
             axis.plot(xs, ys, marker="o", markersize=3, label=method)
@@ -87,7 +88,7 @@ def _acceptance_plot(records: Sequence[Record], methods: Sequence[str], bucket: 
         axis.set_xlabel("generation position (tokens)")
         axis.set_ylabel("tokens per step")
         if per_method:
-            axis.legend(fontsize="small", ncol=min(len(per_method), 4))
+            axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
