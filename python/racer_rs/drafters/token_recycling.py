@@ -62,18 +62,18 @@ class TokenRecyclingDrafter(Drafter):
 
     Args:
         model: unused.
-        top_k: ids kept per table row (the template needs 8).
+        breadth: ids kept per table row, the target's top-k (the template needs 8).
         persistent: keep the table across requests (the official code does); default is
             per-request state.
     """
 
     name = "token_recycling"
 
-    def __init__(self, model: Any = None, top_k: int = 8, persistent: bool = False) -> None:
+    def __init__(self, model: Any = None, breadth: int = 8, persistent: bool = False) -> None:
         del model
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-        self.needs_topk = top_k
+        if breadth < 1:
+            raise ValueError(f"breadth must be >= 1, got {breadth}")
+        self.needs_topk = breadth
         self.persistent = persistent
         self.table: LogitsTable | None = None
 
