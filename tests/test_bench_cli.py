@@ -380,3 +380,21 @@ def test_missing_model_and_data_are_one_line_errors(data_file, tmp_path, capsys)
     assert_one_line_error(code, err, "--model path not found")
     code, _, err, _ = run_bench(capsys, bench_args(tmp_path, tmp_path / "absent.jsonl", tmp_path / "out"))
     assert_one_line_error(code, err, "data file not found")
+
+
+def test_draft_model_methods_get_the_draft_model(tiny_model, data_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = bench_args(tiny_model, data_file, out, "--methods", "draft_model,tts", "--temperature", "0")
+    # The tiny target doubles as its own draft (same tokenizer); greedy output must still equal ar's.
+    code, _, stderr, report = run_bench(capsys, [*argv, "--draft-model", str(tiny_model), "--no-plots"])
+    assert code == 0, stderr
+    assert report["config"]["draft_model"] == str(tiny_model)
+    drafted = [r for r in report["records"] if r["method"] in ("draft_model", "tts")]
+    assert drafted and all(r["mismatch"] is False for r in drafted)
+    assert max(r["new_tokens"] / r["steps"] for r in drafted) > 1.0  # the draft's tokens were accepted
+
+
+def test_missing_draft_model_is_a_one_line_error(tiny_model, data_file, tmp_path, capsys):
+    argv = bench_args(tiny_model, data_file, tmp_path / "out", "--methods", "tts")
+    code, _, err, _ = run_bench(capsys, [*argv, "--draft-model", str(tmp_path / "no-draft")])
+    assert_one_line_error(code, err, "--draft-model path not found")
