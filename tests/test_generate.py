@@ -202,3 +202,15 @@ def test_reference_model_greedy_equivalence(reference_model, method: str) -> Non
         expected = _reference_cache[key]
         result = racer_rs.generate(model, prompt, method=method, max_new_tokens=48)
         assert result.tokens == expected
+
+
+@pytest.mark.parametrize(
+    ("method", "options"),
+    [("racer", {"breadth": 2, "ngram": 4}), ("racer_logits", {"breadth": 3}), ("pld", {"max_ngram": 2, "num_pred": 4})],
+)
+def test_method_options_reach_the_drafter(method: str, options: dict) -> None:
+    model = _model("llama", 0)
+    narrow = racer_rs.generate(model, REPEATING_PROMPT, method=method, max_new_tokens=NEW_TOKENS, **options)
+    default = racer_rs.generate(model, REPEATING_PROMPT, method=method, max_new_tokens=NEW_TOKENS)
+    assert narrow.tokens == default.tokens == _expected("llama", 0, "repeating")
+    assert narrow.extras["mean_tree_size"] < default.extras["mean_tree_size"]
