@@ -12,7 +12,9 @@ Every step of the decode loop runs the same named phases over a :class:`DecodeSt
 
 Greedy output equals plain greedy decoding token for token; sampling keeps the target
 distribution exactly, because a node's child is followed only when it equals the node's own
-sample from the target distribution.
+sample from the target distribution. Samples are keyed by generation position (one row of
+uniforms per position, shared by the nodes of a depth), so with a seed every deterministic
+drafter yields the very same text as plain sampling: methods differ only in speed.
 """
 
 from __future__ import annotations
@@ -418,7 +420,8 @@ def generate(
         top_k: top-k filter (0 disables it).
         eos_token_id: one id or a list of ids that end generation (the EOS is kept).
         capacity: the most draft-tree nodes per step, root included.
-        seed: seeds a private random generator (``None``: torch's global RNG).
+        seed: seeds a private random generator (``None``: torch's global RNG); for a seed,
+            every method without draft probabilities samples the same text.
         streamer: receives committed tokens: ``put(tokens, drafted)`` + ``end()``, or an HF
             ``BaseStreamer`` (``put(tensor)``).
         drafter: a prebuilt drafter to use instead of ``method`` (reuse it across calls with
