@@ -17,7 +17,7 @@ METHODS: dict[str, str] = {
     "ar": "racer_rs.drafters.ar:AutoregressiveDrafter",
     "pld": "racer_rs.drafters.pld:PromptLookupDrafter",
     "token_recycling": "racer_rs.drafters.token_recycling:TokenRecyclingDrafter",
-    "racer": "racer_rs.drafters.racer:RacerDrafter",
+    "racer": "racer_rs.drafters.racer:racer",
     "racer_retrieval": "racer_rs.drafters.racer:racer_retrieval",
     "racer_logits": "racer_rs.drafters.racer:racer_logits",
     "draft_model": "racer_rs.drafters.draft_model:make_drafter",

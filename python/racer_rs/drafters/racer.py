@@ -29,8 +29,9 @@ class RacerDrafter(Drafter):
         model: unused.
         ngram: longest n-gram the automaton indexes.
         max_nodes: automaton node budget (LRU eviction beyond it).
-        breadth: ids per copy-logit row (the target's top-k), also the logits tree's root
-            breadth (the reference's ``max_breadth``).
+        top_k: ids per copy-logit row (the target's top-k), also the logits tree's root
+            breadth (the reference's ``max_breadth``). Through :func:`racer_rs.generate` it is
+            the ``breadth`` option, as ``top_k`` there is the sampling filter.
         min_depth: shortest context suffix a retrieval border may match.
         exempt_depth: depths (from the root) whose breadth is not halved in the logits tree.
         persistent: keep the automaton and table across requests (the reference code's
@@ -46,7 +47,7 @@ class RacerDrafter(Drafter):
         model: Any = None,
         ngram: int = 10,
         max_nodes: int = 10_000,
-        breadth: int = 8,
+        top_k: int = 8,
         min_depth: int = 2,
         exempt_depth: int = 1,
         persistent: bool = False,
@@ -56,21 +57,21 @@ class RacerDrafter(Drafter):
         del model
         if not (use_retrieval or use_logits):
             raise ValueError("use_retrieval and use_logits cannot both be False")
-        if breadth < 1:
-            raise ValueError(f"breadth must be >= 1, got {breadth}")
+        if top_k < 1:
+            raise ValueError(f"breadth (top_k) must be >= 1, got {top_k}")
         self.use_retrieval = use_retrieval
         self.use_logits = use_logits
         self.persistent = persistent
         self.exempt_depth = exempt_depth
-        self.breadth = breadth
-        self.needs_topk = breadth if use_logits else 0
+        self.top_k = top_k
+        self.needs_topk = top_k if use_logits else 0
         self.automaton = Automaton(ngram=ngram, capacity=max_nodes, min_depth=min_depth)
         self.table: LogitsTable | None = None
 
     def begin(self, request: RequestStart) -> None:
         """Reset (unless persistent), then index the prompt and seed the table."""
         if self.table is None or self.table.vocab_size != request.vocab_size:
-            self.table = LogitsTable(request.vocab_size, self.breadth)
+            self.table = LogitsTable(request.vocab_size, self.top_k)
         elif not self.persistent:
             self.table.clear()
         if not self.persistent:
@@ -115,6 +116,19 @@ class RacerDrafter(Drafter):
         }
 
 
+def racer(
+    model: Any = None,
+    ngram: int = 10,
+    max_nodes: int = 10_000,
+    breadth: int = 8,
+    min_depth: int = 2,
+    exempt_depth: int = 1,
+    persistent: bool = False,
+) -> RacerDrafter:
+    """RACER with both sources (the registry's ``racer``); ``breadth`` is the table's top-k."""
+    return RacerDrafter(model, ngram, max_nodes, breadth, min_depth, exempt_depth, persistent)
+
+
 def racer_retrieval(
     model: Any = None,
     ngram: int = 10,
@@ -132,6 +146,6 @@ def racer_logits(
     model: Any = None, breadth: int = 8, exempt_depth: int = 1, persistent: bool = False
 ) -> RacerDrafter:
     """RACER ablation that drafts from the copy-logit table only."""
-    drafter = RacerDrafter(model, breadth=breadth, exempt_depth=exempt_depth, persistent=persistent, use_retrieval=False)
+    drafter = RacerDrafter(model, top_k=breadth, exempt_depth=exempt_depth, persistent=persistent, use_retrieval=False)
     drafter.name = "racer_logits"
     return drafter
