@@ -25,7 +25,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SHARED = Path(os.environ.get("RACER_SHARED_DIR", REPO_ROOT.parent / "shared"))
-SETTINGS = {
+SETTINGS: dict[str, dict[str, Any]] = {
     "greedy": {"temperature": 0.0},
     "sampling": {"temperature": 0.8, "top_p": 0.95},
 }

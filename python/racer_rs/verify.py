@@ -204,7 +204,7 @@ class TreeVerifier:
             ``[n, V]`` raw logits; row ``i`` predicts the token after node ``i``.
         """
         ids = torch.from_numpy(np.asarray(tokens, dtype=np.int64)).to(self.device).unsqueeze(0)
-        if ids.shape[1] == 1:
+        if ancestors is None or ids.shape[1] == 1:
             # A lone root is plain decoding: let the model build its own (causal) mask.
             inputs: dict[str, Any] = {"input_ids": ids}
         else:
@@ -231,6 +231,7 @@ class TreeVerifier:
         if int(path[-1]) != accepted - 1:  # not already contiguous after the prefix
             rows = torch.from_numpy(np.asarray(path, dtype=np.int64) + start).to(self.device)
             for layer in self.cache.layers:
+                assert isinstance(layer, GrowableLayer) and layer.keys is not None and layer.values is not None
                 layer.keys[:, :, start : start + accepted] = layer.keys.index_select(2, rows)
                 layer.values[:, :, start : start + accepted] = layer.values.index_select(2, rows)
         self.length = start + accepted
