@@ -15,9 +15,15 @@ def shared_dir() -> Path:
     return Path(os.environ.get("RACER_SHARED_DIR", REPO_ROOT.parent / "shared"))
 
 
+def reference_file(relative: str) -> Path:
+    """A reference model or data path: the copy shipped in the repository, else the shared one."""
+    shipped = REPO_ROOT / relative
+    return shipped if shipped.exists() else shared_dir() / relative
+
+
 def reference_model_dir() -> Path:
     """Folder of the reference target model (pycode-target-7m)."""
-    return shared_dir() / "models" / "pycode-target-7m"
+    return reference_file("models/pycode-target-7m")
 
 
 try:

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 import racer_rs  # noqa: E402
 from racer_rs.drafters import METHODS, available_methods, make_drafter  # noqa: E402
 from racer_rs.drafters.racer import RacerDrafter  # noqa: E402
-from tests.conftest import shared_dir  # noqa: E402
+from tests.conftest import reference_file  # noqa: E402
 from tests.tiny_models import FAMILIES, REPEATING_PROMPT, plain_greedy, random_prompt, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -183,7 +183,7 @@ def test_missing_method_module_fails_only_when_requested(monkeypatch: pytest.Mon
 
 
 def _reference_prompts(limit: int) -> list[str]:
-    path = shared_dir() / "data" / "code_completion.jsonl"
+    path = reference_file("data/code_completion.jsonl")
     if not path.is_file():
         pytest.skip(f"{path} is absent (set RACER_SHARED_DIR to the shared folder)")
     with path.open() as handle:

@@ -47,7 +47,9 @@ class RacerTTSDrafter(Drafter):
         draft_model: the draft causal LM (left unmodified).
         canvas: chain length drafted per step.
         adapt: adapt the draft online (TTS); ``False`` keeps the original draft (an ablation).
-        ngram, max_nodes, top_k, min_depth, exempt_depth, persistent: RACER's options.
+        ngram, max_nodes, breadth, min_depth, exempt_depth, persistent: RACER's options
+            (``breadth`` is the copy-logit table's top-k; ``top_k`` in ``generate`` is the
+            sampling filter).
         update_every, lr, lam, position_weights, gamma, mask, trainable, reset, asynchronous:
             TTS options (see :class:`~racer_rs.drafters.tts.TTSDrafter`).
     """
@@ -63,7 +65,7 @@ class RacerTTSDrafter(Drafter):
         adapt: bool = True,
         ngram: int = 10,
         max_nodes: int = 10_000,
-        top_k: int = 8,
+        breadth: int = 8,
         min_depth: int = 2,
         exempt_depth: int = 1,
         persistent: bool = False,
@@ -83,7 +85,7 @@ class RacerTTSDrafter(Drafter):
             model,
             ngram=ngram,
             max_nodes=max_nodes,
-            top_k=top_k,
+            top_k=breadth,
             min_depth=min_depth,
             exempt_depth=exempt_depth,
             persistent=persistent,
