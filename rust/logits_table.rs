@@ -16,8 +16,15 @@ pub struct LogitsTable {
     vocab_size: usize,
     top_k: usize,
     ids: Vec<i32>,
+    /// Probability of each stored id under the target (a rank prior when none was given).
+    probs: Vec<f32>,
     written: Vec<bool>,
     rows_written: usize,
+}
+
+/// Probability assumed for rank `j` when the caller gives ids without probabilities.
+fn rank_prior(j: usize) -> f32 {
+    0.5f32.powi(i32::try_from(j + 1).unwrap_or(i32::MAX))
 }
 
 impl LogitsTable {
@@ -46,6 +53,7 @@ impl LogitsTable {
             vocab_size,
             top_k,
             ids: vec![0; cells],
+            probs: vec![0.0; cells],
             written: vec![false; vocab_size],
             rows_written: 0,
         })
@@ -72,7 +80,7 @@ impl LogitsTable {
     /// Approximate heap memory in bytes.
     #[must_use]
     pub fn memory_bytes(&self) -> usize {
-        self.ids.len() * 4 + self.written.len()
+        self.ids.len() * 8 + self.written.len()
     }
 
     fn check_token(&self, arg: &'static str, t: i32) -> Result<usize> {
@@ -91,6 +99,23 @@ impl LogitsTable {
     /// # Errors
     /// `InvalidArgument` on a shape mismatch or an id outside the vocabulary.
     pub fn update(&mut self, tokens: &[i32], topk_ids: &[i32], k: usize) -> Result<()> {
+        self.update_with_probs(tokens, topk_ids, k, None)
+    }
+
+    /// Like [`update`](Self::update), also storing the probability of every id
+    /// (`topk_probs`, same shape as `topk_ids`, values in `[0, 1]`), which the probability-scored
+    /// tree uses. Without probabilities, rank `j` is assumed to have probability `2^-(j+1)`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` on a shape mismatch, an id outside the vocabulary or a probability
+    /// outside `[0, 1]`; nothing is written then.
+    pub fn update_with_probs(
+        &mut self,
+        tokens: &[i32],
+        topk_ids: &[i32],
+        k: usize,
+        topk_probs: Option<&[f32]>,
+    ) -> Result<()> {
         if k != self.top_k {
             return Err(invalid(
                 "topk_ids",
@@ -113,9 +138,28 @@ impl LogitsTable {
         for &t in topk_ids {
             self.check_token("topk_ids", t)?;
         }
+        if let Some(probs) = topk_probs {
+            if probs.len() != topk_ids.len() {
+                return Err(invalid("topk_probs", "must have the shape of topk_ids"));
+            }
+            if let Some(p) = probs.iter().find(|p| !(0.0..=1.0).contains(*p)) {
+                return Err(invalid(
+                    "topk_probs",
+                    format!("probabilities must be in [0, 1], got {p}"),
+                ));
+            }
+        }
         for (i, &t) in tokens.iter().enumerate() {
             let row = t as usize;
             self.ids[row * k..(row + 1) * k].copy_from_slice(&topk_ids[i * k..(i + 1) * k]);
+            let cells = &mut self.probs[row * k..(row + 1) * k];
+            match topk_probs {
+                Some(probs) => cells.copy_from_slice(&probs[i * k..(i + 1) * k]),
+                None => cells
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(j, p)| *p = rank_prior(j)),
+            }
             if !self.written[row] {
                 self.written[row] = true;
                 self.rows_written += 1;
@@ -131,6 +175,15 @@ impl LogitsTable {
             .ok()
             .filter(|&t| t < self.vocab_size)?;
         self.written[t].then(|| &self.ids[t * self.top_k..(t + 1) * self.top_k])
+    }
+
+    /// The stored probabilities of `token`'s ids, or `None` if its row was never written.
+    #[must_use]
+    pub fn row_probs(&self, token: i32) -> Option<&[f32]> {
+        let t = usize::try_from(token)
+            .ok()
+            .filter(|&t| t < self.vocab_size)?;
+        self.written[t].then(|| &self.probs[t * self.top_k..(t + 1) * self.top_k])
     }
 
     /// Forget every row.

@@ -162,3 +162,51 @@ def test_greedy_accept_and_leaf_paths_match_brute_force(n, seed):
         path = [i for i in row if i >= 0]
         assert path[-1] == leaf and path[0] == 0
         assert all(parents[path[j + 1]] == path[j] for j in range(len(path) - 1))
+
+
+def tree_score(tree: DraftTree, table: LogitsTable) -> float:
+    """Expected accepted drafts under the table: sum over nodes of the product of the
+    table's probabilities along the root-to-node path."""
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    score = [1.0] * len(tokens)
+    for i in range(1, len(tokens)):
+        p = parents[i]
+        ids, probs = table.row(tokens[p]), table.row_probs(tokens[p])
+        edge = probs[ids.tolist().index(tokens[i])] if ids is not None and tokens[i] in ids else 0.0
+        score[i] = score[p] * float(edge)
+    return sum(score[1:])
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(1, 60), st.integers(2, 6))
+def test_scored_tree_is_at_least_as_good_as_breadth_halving(seed, capacity, k):
+    rng = np.random.default_rng(seed)
+    vocab = 12
+    table = LogitsTable(vocab, k)
+    ids = np.stack([rng.choice(vocab, size=k, replace=False) for _ in range(vocab)]).astype(np.int32)
+    probs = rng.dirichlet(np.ones(vocab), size=vocab)
+    top = np.take_along_axis(probs, ids, axis=1)
+    order = np.argsort(-top, axis=1)
+    ids = np.take_along_axis(ids, order, axis=1)
+    top = np.take_along_axis(top, order, axis=1)
+    table.update(np.arange(vocab, dtype=np.int32), ids, top.astype(np.float32))
+    a = Automaton(ngram=4, capacity=1000)
+    scored = build_draft_tree(a, table, 0, capacity, use_retrieval=False, scored=True)
+    halving = build_draft_tree(a, table, 0, capacity, use_retrieval=False)
+    assert len(scored) == len(halving) == capacity
+    assert tree_score(scored, table) >= tree_score(halving, table) - 1e-5
+    siblings = list(zip(scored.parents.tolist(), scored.tokens.tolist(), strict=True))
+    assert len(set(siblings)) == len(siblings)
+    assert np.all(np.diff(scored.depths) >= 0)
+
+
+@given(workloads, st.integers(0, 5), st.integers(1, 80))
+def test_scored_retrieval_paths_are_real_continuations(workload, next_token, capacity):
+    a, ref = feed(workload, 5)
+    table = LogitsTable(6, 2)  # empty: every node must come from retrieval
+    tree = build_draft_tree(a, table, next_token, capacity, scored=True)
+    allowed = ref.continuations(next_token) | {(next_token,)}
+    assert set(tree_paths(tree.tokens, tree.parents)) <= allowed
+    assert len(tree) == min(capacity, len(allowed))
+    again = build_draft_tree(a, table, next_token, capacity, scored=True)
+    assert again.tokens.tolist() == tree.tokens.tolist()
+    a.check_integrity()

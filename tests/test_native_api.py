@@ -132,6 +132,10 @@ BAD_CALLS = [
     (lambda a, t: t.expand_static(1, [-1, 0], [0, 2]), ValueError, "ranks"),
     (lambda a, t: t.expand_static(1, [-1, 1], [0, 0]), ValueError, "parents"),
     (lambda a, t: t.row(-1), ValueError, "token"),
+    (lambda a, t: t.update([1], np.zeros((1, 2), dtype=np.int32), np.ones((1, 3))), ValueError, "topk_probs"),
+    (lambda a, t: t.update([1], np.zeros((1, 2), dtype=np.int32), np.full((1, 2), 1.5)), ValueError, "topk_probs"),
+    (lambda a, t: t.update([1], np.zeros((1, 2), dtype=np.int32), np.full((1, 2), np.nan)), ValueError, "topk_probs"),
+    (lambda a, t: t.update([1], np.zeros((1, 2), dtype=np.int32), np.ones((1, 2), dtype=np.int32)), TypeError, "topk_probs"),
     (lambda a, t: build_draft_tree(a, t, 3, 0), ValueError, "capacity"),
     (lambda a, t: build_draft_tree(a, t, 10, 8), ValueError, "next_token"),
     (lambda a, t: build_draft_tree(a, t, -1, 8), ValueError, "next_token"),
@@ -172,6 +176,15 @@ def test_expand_static_fills_a_template_and_drops_unseen_rows():
     # root 1 -> rank0 = 2 (merged twice), rank1 = 3; 2 -> 4; 3 has no row.
     assert tree.tokens.tolist() == [1, 2, 3, 4]
     assert tree.parents.tolist() == [-1, 0, 0, 1]
+
+
+def test_copy_logit_probabilities_are_stored_or_rank_priors():
+    table = LogitsTable(10, top_k=3)
+    table.update([4], np.array([[1, 2, 3]], dtype=np.int32), np.array([[0.5, 0.25, 0.125]]))
+    assert table.row_probs(4).tolist() == [0.5, 0.25, 0.125]
+    table.update([5], np.array([[1, 2, 3]], dtype=np.int32))
+    assert table.row_probs(5).tolist() == [0.5, 0.25, 0.125]
+    assert table.row_probs(6) is None
 
 
 def test_copy_logit_last_write_wins():

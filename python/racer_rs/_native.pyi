@@ -124,10 +124,21 @@ class LogitsTable:
     def __len__(self) -> int:
         """Number of rows that have been written."""
 
-    def update(self, tokens: _TokenArray, topk_ids: npt.NDArray[np.int32] | npt.NDArray[np.int64]) -> None:
-        """For i in order, row ``tokens[i]`` := ``topk_ids[i]`` (``[n]`` and ``[n, k]``); last write wins."""
+    def update(
+        self,
+        tokens: _TokenArray,
+        topk_ids: npt.NDArray[np.int32] | npt.NDArray[np.int64],
+        topk_probs: npt.NDArray[np.float32] | npt.NDArray[np.float64] | None = None,
+    ) -> None:
+        """For i in order, row ``tokens[i]`` := ``topk_ids[i]`` (``[n]`` and ``[n, k]``); last write wins.
+
+        ``topk_probs`` (same shape, values in ``[0, 1]``) are the target's probabilities of
+        those ids, used by ``build_draft_tree(..., scored=True)``; without them rank ``j`` is
+        assumed to have probability ``2 ** -(j + 1)``.
+        """
 
     def row(self, token: int) -> npt.NDArray[np.int32] | None: ...
+    def row_probs(self, token: int) -> npt.NDArray[np.float32] | None: ...
     def clear(self) -> None: ...
     def memory_bytes(self) -> int: ...
     def expand(self, root: int, budget: int, exempt_depth: int = 1) -> DraftTree:
@@ -150,10 +161,15 @@ def build_draft_tree(
     use_logits: bool = True,
     draft_chain: _TokenArray | None = None,
     exempt_depth: int = 1,
+    scored: bool = False,
 ) -> DraftTree:
     """RACER's draft tree: ``draft_chain`` (if any) first, then retrieval paths, then the logits
     tree fills what is left. The budget is charged after merging, so the tree has exactly
     ``min(capacity, available)`` nodes, root included.
+
+    With ``scored=True`` nodes are chosen best first by estimated path probability (the
+    product of copy-logit probabilities and smoothed retrieval frequencies along the path),
+    which maximises the expected accepted length under those estimates.
     """
 
 def prompt_lookup(

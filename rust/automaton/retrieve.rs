@@ -127,3 +127,35 @@ impl Automaton {
         }
     }
 }
+
+/// Hooks for the probability-scored tree builder (`crate::draft`).
+impl Automaton {
+    /// The borders for `next`, longest first (see `retrieve`).
+    pub(crate) fn retrieval_borders(&mut self, next: u32) -> Vec<u32> {
+        self.borders(next)
+    }
+
+    /// Calls `f(token, probability, child)` for every child of trie node `node`, where the
+    /// probability is the add-one smoothed estimate `count(child) / (count(node) + 1)` that
+    /// the child's token follows the node's string.
+    pub(crate) fn for_each_continuation(&self, node: u32, mut f: impl FnMut(i32, f32, u32)) {
+        let total = self.nodes[node as usize].count as f32 + 1.0;
+        let mut c = self.nodes[node as usize].first_child;
+        while c != NIL {
+            let n = &self.nodes[c as usize];
+            f(n.token as i32, n.count as f32 / total, c);
+            c = n.next_sibling;
+        }
+    }
+
+    /// Record `nodes` as used now (LRU recency).
+    pub(crate) fn mark_used(&mut self, nodes: &[u32]) {
+        self.tick += 1;
+        for &v in nodes {
+            if self.nodes[v as usize].alive {
+                self.nodes[v as usize].tick = self.tick;
+                self.push_if_evictable(v);
+            }
+        }
+    }
+}

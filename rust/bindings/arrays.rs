@@ -103,6 +103,33 @@ pub(crate) fn matrix(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Vec<i32>, u
     )))
 }
 
+/// Extract an `[n, k]` float32/float64 array of probabilities as row-major `(data, n, k)`.
+pub(crate) fn prob_matrix(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Vec<f32>, usize, usize)> {
+    let a = obj.cast::<PyUntypedArray>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{arg}: expected a 2-D float32 or float64 numpy array"
+        ))
+    })?;
+    if a.ndim() != 2 {
+        return Err(value_error(
+            arg,
+            format!("expected a 2-D array, got shape {:?}", a.shape()),
+        ));
+    }
+    let (n, k) = (a.shape()[0], a.shape()[1]);
+    if let Ok(m) = obj.extract::<PyReadonlyArray2<'_, f32>>() {
+        return Ok((m.as_array().iter().copied().collect(), n, k));
+    }
+    if let Ok(m) = obj.extract::<PyReadonlyArray2<'_, f64>>() {
+        #[allow(clippy::cast_possible_truncation)] // probabilities: f32 precision is plenty
+        return Ok((m.as_array().iter().map(|&p| p as f32).collect(), n, k));
+    }
+    Err(PyTypeError::new_err(format!(
+        "{arg}: expected a float32 or float64 array, got dtype {}",
+        dtype_name(a)
+    )))
+}
+
 /// A Python int argument that must be a token id (non-negative int32).
 pub(crate) fn token_id(Int(value): Int, arg: &str) -> PyResult<i32> {
     i32::try_from(value)

@@ -4,7 +4,7 @@ use numpy::PyArray1;
 use parking_lot::RwLock;
 use pyo3::prelude::*;
 
-use super::arrays::{Int, array1, at_least, matrix, token_arg, token_id};
+use super::arrays::{Int, array1, at_least, matrix, prob_matrix, token_arg, token_id};
 use super::automaton::PyAutomaton;
 use super::tree::PyDraftTree;
 use crate::draft::{DraftOptions, build_draft_tree as build};
@@ -59,7 +59,13 @@ impl PyLogitsTable {
         )
     }
 
-    fn update(&self, tokens: &Bound<'_, PyAny>, topk_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    #[pyo3(signature = (tokens, topk_ids, topk_probs = None))]
+    fn update(
+        &self,
+        tokens: &Bound<'_, PyAny>,
+        topk_ids: &Bound<'_, PyAny>,
+        topk_probs: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let t = token_arg(tokens, "tokens")?;
         let (ids, n, k) = matrix(topk_ids, "topk_ids")?;
         if n != t.as_slice().len() {
@@ -68,7 +74,35 @@ impl PyLogitsTable {
                 format!("has {n} rows but tokens has {} entries", t.as_slice().len()),
             ));
         }
-        Ok(self.inner.write().update(t.as_slice(), &ids, k)?)
+        let probs = topk_probs
+            .map(|p| prob_matrix(p, "topk_probs"))
+            .transpose()?;
+        if let Some((_, pn, pk)) = &probs {
+            if (*pn, *pk) != (n, k) {
+                return Err(super::errors::value_error(
+                    "topk_probs",
+                    format!("shape ({pn}, {pk}) differs from topk_ids ({n}, {k})"),
+                ));
+            }
+        }
+        let probs = probs.as_ref().map(|(p, _, _)| p.as_slice());
+        Ok(self
+            .inner
+            .write()
+            .update_with_probs(t.as_slice(), &ids, k, probs)?)
+    }
+
+    fn row_probs<'py>(
+        &self,
+        py: Python<'py>,
+        token: Int,
+    ) -> PyResult<Option<Bound<'py, PyArray1<f32>>>> {
+        let token = token_id(token, "token")?;
+        Ok(self
+            .inner
+            .read()
+            .row_probs(token)
+            .map(|r| PyArray1::from_vec(py, r.to_vec())))
     }
 
     fn row<'py>(&self, py: Python<'py>, token: Int) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
@@ -121,9 +155,9 @@ impl PyLogitsTable {
 /// RACER's draft tree: ``draft_chain`` first, then retrieval paths, then the logits tree;
 /// the budget is charged after merging.
 #[pyfunction]
-#[pyo3(signature = (automaton, table, next_token, capacity = Int(64), *, use_retrieval = true, use_logits = true, draft_chain = None, exempt_depth = Int(1)))]
+#[pyo3(signature = (automaton, table, next_token, capacity = Int(64), *, use_retrieval = true, use_logits = true, draft_chain = None, exempt_depth = Int(1), scored = false))]
 #[pyo3(
-    text_signature = "(automaton, table, next_token, capacity=64, *, use_retrieval=True, use_logits=True, draft_chain=None, exempt_depth=1)"
+    text_signature = "(automaton, table, next_token, capacity=64, *, use_retrieval=True, use_logits=True, draft_chain=None, exempt_depth=1, scored=False)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn build_draft_tree(
@@ -136,6 +170,7 @@ pub(crate) fn build_draft_tree(
     use_logits: bool,
     draft_chain: Option<&Bound<'_, PyAny>>,
     exempt_depth: Int,
+    scored: bool,
 ) -> PyResult<PyDraftTree> {
     let next_token = token_id(next_token, "next_token")?;
     let options = DraftOptions {
@@ -143,6 +178,7 @@ pub(crate) fn build_draft_tree(
         use_retrieval,
         use_logits,
         exempt_depth: exempt(exempt_depth)?,
+        scored,
     };
     let chain = draft_chain
         .map(|c| token_arg(c, "draft_chain"))
