@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=5, help="prompts per dataset")
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--methods", default="ar,pld,token_recycling,racer,racer_retrieval,racer_logits")
+    parser.add_argument("--methods", default="ar,pld,token_recycling,racer,racer_scored,racer_retrieval,racer_logits")
     parser.add_argument("--capacities", default="16,32,64", help="racer capacities")
     parser.add_argument("--capacity", type=int, default=64, help="capacity of the other methods")
     parser.add_argument("--settings", default="greedy,sampling")

@@ -12,7 +12,7 @@ use crate::logits_table::LogitsTable;
 use crate::tree::{DraftTree, TreeBuilder, check_budget};
 
 /// Settings of one draft-tree build.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DraftOptions {
     /// Maximum nodes, root included.
     pub capacity: usize,
@@ -25,6 +25,9 @@ pub struct DraftOptions {
     /// Choose nodes best first by estimated path probability (copy-logit probabilities and
     /// retrieval frequencies) instead of "retrieval first, then breadth halving".
     pub scored: bool,
+    /// Scored trees only: leave out nodes whose estimated path probability is below this,
+    /// so a tree only grows while a node is likely enough to pay for its verification cost.
+    pub min_score: f32,
 }
 
 impl Default for DraftOptions {
@@ -35,6 +38,7 @@ impl Default for DraftOptions {
             use_logits: true,
             exempt_depth: 1,
             scored: false,
+            min_score: 0.0,
         }
     }
 }
@@ -53,6 +57,12 @@ pub fn build_draft_tree(
     options: &DraftOptions,
 ) -> Result<DraftTree> {
     check_budget("capacity", options.capacity)?;
+    if !(0.0..=1.0).contains(&options.min_score) {
+        return Err(invalid(
+            "min_score",
+            format!("must be in [0, 1], got {}", options.min_score),
+        ));
+    }
     let vocab = table.vocab_size();
     if next_token < 0 || next_token as usize >= vocab {
         return Err(invalid(
@@ -157,6 +167,9 @@ impl<'a> ScoredBuild<'a> {
         }
         while builder.len() < self.options.capacity {
             let Some(c) = self.heap.pop() else { break };
+            if c.score < self.options.min_score {
+                break; // the heap is best first: nothing left scores higher
+            }
             let Some((node, _)) = builder.child_or_insert(c.parent, c.token, self.options.capacity)
             else {
                 break;

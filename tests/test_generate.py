@@ -19,7 +19,7 @@ from tests.tiny_models import FAMILIES, REPEATING_PROMPT, plain_greedy, random_p
 
 pytestmark = pytest.mark.torch
 
-ENGINE_METHODS = ["ar", "pld", "token_recycling", "racer", "racer_retrieval", "racer_logits"]
+ENGINE_METHODS = ["ar", "pld", "token_recycling", "racer", "racer_scored", "racer_retrieval", "racer_logits"]
 NEW_TOKENS = 40
 
 _reference_cache: dict[tuple[str, int, object], list[int]] = {}
@@ -155,6 +155,7 @@ def test_registry_lists_every_method_and_imports_lazily() -> None:
         "pld",
         "token_recycling",
         "racer",
+        "racer_scored",
         "racer_retrieval",
         "racer_logits",
         "draft_model",
@@ -206,7 +207,12 @@ def test_reference_model_greedy_equivalence(reference_model, method: str) -> Non
 
 @pytest.mark.parametrize(
     ("method", "options"),
-    [("racer", {"breadth": 2, "ngram": 4}), ("racer_logits", {"breadth": 3}), ("pld", {"max_ngram": 2, "num_pred": 4})],
+    [
+        ("racer", {"breadth": 2, "ngram": 4}),
+        ("racer_scored", {"min_score": 0.2}),
+        ("racer_logits", {"breadth": 3}),
+        ("pld", {"max_ngram": 2, "num_pred": 4}),
+    ],
 )
 def test_method_options_reach_the_drafter(method: str, options: dict) -> None:
     model = _model("llama", 0)

@@ -124,7 +124,9 @@ def test_tree_sampling_is_lossless(model: torch.nn.Module, exact: dict, method: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["ar", "pld", "token_recycling", "racer", "racer_retrieval", "racer_logits"])
+@pytest.mark.parametrize(
+    "method", ["ar", "pld", "token_recycling", "racer", "racer_scored", "racer_retrieval", "racer_logits"]
+)
 def test_tree_sampling_is_lossless_many_runs(model: torch.nn.Module, exact: dict, method: str) -> None:
     runs = 4000
     counts, _ = run_loop(model, make_drafter(method, model), runs)
@@ -179,7 +181,7 @@ def test_sampled_text_is_the_same_for_every_method_and_plain_decoding(family: st
     accepted = []
     for seed in range(3):
         expected = plain_sampling(model, REPEATING_PROMPT, 40, config, seed)
-        for method in ["ar", "pld", "token_recycling", "racer", "racer_retrieval", "racer_logits"]:
+        for method in ["ar", "pld", "token_recycling", "racer", "racer_scored", "racer_retrieval", "racer_logits"]:
             result = racer_rs.generate(
                 model, REPEATING_PROMPT, method=method, max_new_tokens=40, temperature=1.0, top_p=0.9, seed=seed
             )

@@ -162,6 +162,7 @@ def build_draft_tree(
     draft_chain: _TokenArray | None = None,
     exempt_depth: int = 1,
     scored: bool = False,
+    min_score: float = 0.0,
 ) -> DraftTree:
     """RACER's draft tree: ``draft_chain`` (if any) first, then retrieval paths, then the logits
     tree fills what is left. The budget is charged after merging, so the tree has exactly
@@ -169,7 +170,9 @@ def build_draft_tree(
 
     With ``scored=True`` nodes are chosen best first by estimated path probability (the
     product of copy-logit probabilities and smoothed retrieval frequencies along the path),
-    which maximises the expected accepted length under those estimates.
+    which maximises the expected accepted length under those estimates; ``min_score`` in
+    ``[0, 1]`` then leaves out nodes whose estimate is below it (the tree grows only while a
+    node is likely enough to pay for its verification).
     """
 
 def prompt_lookup(

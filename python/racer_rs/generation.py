@@ -39,7 +39,7 @@ from racer_rs.sampling import (
     sample_nodes,
     sample_position,
 )
-from racer_rs.verify import TreeVerifier, model_window
+from racer_rs.verify import TreeVerifier, model_window, topk_with_probs
 
 TIMING_KEYS = ("prefill", "draft", "verify", "forward", "bookkeeping", "total")
 
@@ -124,12 +124,14 @@ class Verification:
         bonus: the target's token after the accepted path.
         topk_ids: ``int32[n, k]`` top-k ids of every node's logits, or ``None``.
         node_logits: processed logits of every node if the drafter asked for them.
+        topk_probs: ``float32[n, k]`` probabilities of ``topk_ids`` if the drafter asked.
     """
 
     path: list[int]
     bonus: int
     topk_ids: np.ndarray | None
     node_logits: torch.Tensor | None
+    topk_probs: np.ndarray | None = None
 
 
 class _Streamer:
@@ -199,7 +201,8 @@ class DecodeLoop:
     def prefill(self, prompt: np.ndarray, max_new_tokens: int) -> DecodeState:
         """Run the prompt, pick the first token and start the drafter's request."""
         start = time.perf_counter()
-        output = self.verifier.prefill(prompt, topk=self.drafter.needs_topk)
+        probs_temperature = self.sampling.temperature if self.drafter.needs_topk_probs else None
+        output = self.verifier.prefill(prompt, topk=self.drafter.needs_topk, probs_temperature=probs_temperature)
         uniforms = None
         if self.sampling.greedy:
             first = int(output.last_logits.argmax())
@@ -232,6 +235,7 @@ class DecodeLoop:
                 eos_token_ids=tuple(int(t) for t in self.eos),
                 generator=self.generator,
                 model=self.verifier.model,
+                prompt_topk_probs=output.prompt_topk_probs,
             )
         )
         state.timings["prefill"] += time.perf_counter() - start
@@ -307,9 +311,18 @@ class DecodeLoop:
             predicted, valid = sample_nodes(logits, self.sampling, state.uniforms[rows, 0])
             parts = [predicted] if valid is None else [predicted, valid.long()]
         k = self.drafter.needs_topk
-        if k > 0:
+        with_probs = k > 0 and self.drafter.needs_topk_probs
+        if with_probs:
+            ids, probs = topk_with_probs(logits, k, self.sampling.temperature)
+            # float64 holds every token id exactly, so ids and probs share the one transfer.
+            parts = [p.double() for p in parts] + [ids.reshape(-1).double(), probs.reshape(-1).double()]
+        elif k > 0:
             parts.append(torch.topk(logits, k, dim=-1).indices.reshape(-1))
         host = torch.cat(parts).cpu().numpy()  # the step's single device-to-host transfer
+        topk_probs = None
+        if with_probs:
+            topk_probs = host[-n * k :].reshape(n, k).astype(np.float32)
+            host = host[: -n * k].astype(np.int64)
 
         if chain:
             accepted, bonus = int(host[0]), int(host[1])
@@ -321,7 +334,7 @@ class DecodeLoop:
             path, bonus = self._walk(state, tree, logits, predicted_host, valid_host)
         topk_ids = host[offset:].reshape(n, k).astype(np.int32) if k > 0 else None
         node_logits = process_logits(logits, self.sampling).detach() if self.drafter.needs_logits else None
-        return Verification(path=path, bonus=bonus, topk_ids=topk_ids, node_logits=node_logits)
+        return Verification(path, bonus, topk_ids, node_logits, topk_probs)
 
     def _walk(
         self,
@@ -369,6 +382,7 @@ class DecodeLoop:
                 bonus=verification.bonus,
                 committed=committed,
                 topk_ids=verification.topk_ids,
+                topk_probs=verification.topk_probs,
                 node_logits=verification.node_logits,
                 position=position,
                 finished=finished,

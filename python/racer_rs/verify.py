@@ -111,10 +111,29 @@ class PrefillOutput:
     Attributes:
         last_logits: ``[V]`` raw logits at the last prompt position.
         prompt_topk: ``int32[L, k]`` top-k ids at every prompt position, or ``None`` (k = 0).
+        prompt_topk_probs: ``float32[L, k]`` their probabilities, when asked for.
     """
 
     last_logits: torch.Tensor
     prompt_topk: np.ndarray | None
+    prompt_topk_probs: np.ndarray | None = None
+
+
+def topk_with_probs(logits: torch.Tensor, k: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k ids of ``[..., V]`` logits and their probabilities under ``softmax(logits / T)``.
+
+    Args:
+        logits: raw logits.
+        k: ids per row.
+        temperature: the sampling temperature (0, greedy, counts as 1).
+
+    Returns:
+        ``(ids, probs)``, each ``[..., k]``; probs are float32.
+    """
+    scale = 1.0 / temperature if temperature > 0 else 1.0
+    values, ids = torch.topk(logits, k, dim=-1)
+    log_norm = torch.logsumexp(logits.float() * scale, dim=-1, keepdim=True)
+    return ids, (values.float() * scale - log_norm).exp()
 
 
 class TreeVerifier:
@@ -141,7 +160,13 @@ class TreeVerifier:
         self.model_seconds = 0.0
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: np.ndarray, topk: int = 0, chunk: int = PREFILL_CHUNK) -> PrefillOutput:
+    def prefill(
+        self,
+        prompt_ids: np.ndarray,
+        topk: int = 0,
+        chunk: int = PREFILL_CHUNK,
+        probs_temperature: float | None = None,
+    ) -> PrefillOutput:
         """Run the prompt through the target and fill the cache.
 
         With ``topk > 0`` the prompt positions but the last go through the decoder alone and
@@ -153,29 +178,34 @@ class TreeVerifier:
             prompt_ids: ``int32[L]`` prompt, ``L >= 1``.
             topk: number of top ids to keep per prompt position (0: none).
             chunk: LM-head rows per chunk.
+            probs_temperature: if not ``None``, also return the top-k ids' probabilities
+                under this temperature (see :func:`topk_with_probs`).
 
         Returns:
-            The last position's logits and, if asked, the prompt's top-k ids.
+            The last position's logits and, if asked, the prompt's top-k ids (and probs).
         """
         self.cache = new_cache(self.model)
         ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).unsqueeze(0)
-        rows: list[torch.Tensor] = []
+        rows: list[tuple[torch.Tensor, torch.Tensor]] = []
+        temperature = 1.0 if probs_temperature is None else probs_temperature
         if topk > 0 and ids.shape[1] > 1:
             # The LM head is a monotone map away from the logits for every supported family
             # (at most a positive scale or soft-cap follows it), so top-k ids are exact.
             hidden = self.model.base_model(input_ids=ids[:, :-1], cache=self.cache, use_cache=True).last_hidden_state[0]
             lm_head = self.model.get_output_embeddings()
             for start in range(0, hidden.shape[0], chunk):
-                rows.append(torch.topk(lm_head(hidden[start : start + chunk]), topk, dim=-1).indices)
+                rows.append(topk_with_probs(lm_head(hidden[start : start + chunk]), topk, temperature))
             last = self.model(input_ids=ids[:, -1:], cache=self.cache, use_cache=True).logits[0, -1]
         else:
             last = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-        prompt_topk = None
+        output = PrefillOutput(last_logits=last, prompt_topk=None)
         if topk > 0:
-            rows.append(torch.topk(last, topk).indices.unsqueeze(0))
-            prompt_topk = torch.cat(rows).to(device="cpu", dtype=torch.int32).numpy()
+            rows.append(topk_with_probs(last.unsqueeze(0), topk, temperature))
+            output.prompt_topk = torch.cat([r[0] for r in rows]).to(device="cpu", dtype=torch.int32).numpy()
+            if probs_temperature is not None:
+                output.prompt_topk_probs = torch.cat([r[1] for r in rows]).cpu().numpy()
         self.length = int(ids.shape[1])
-        return PrefillOutput(last_logits=last, prompt_topk=prompt_topk)
+        return output
 
     def tree_mask(self, ancestors: np.ndarray) -> torch.Tensor:
         """The additive 4D mask ``[1, 1, n, L + n]``: 0 where attention is allowed.

@@ -155,9 +155,9 @@ impl PyLogitsTable {
 /// RACER's draft tree: ``draft_chain`` first, then retrieval paths, then the logits tree;
 /// the budget is charged after merging.
 #[pyfunction]
-#[pyo3(signature = (automaton, table, next_token, capacity = Int(64), *, use_retrieval = true, use_logits = true, draft_chain = None, exempt_depth = Int(1), scored = false))]
+#[pyo3(signature = (automaton, table, next_token, capacity = Int(64), *, use_retrieval = true, use_logits = true, draft_chain = None, exempt_depth = Int(1), scored = false, min_score = 0.0))]
 #[pyo3(
-    text_signature = "(automaton, table, next_token, capacity=64, *, use_retrieval=True, use_logits=True, draft_chain=None, exempt_depth=1, scored=False)"
+    text_signature = "(automaton, table, next_token, capacity=64, *, use_retrieval=True, use_logits=True, draft_chain=None, exempt_depth=1, scored=False, min_score=0.0)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn build_draft_tree(
@@ -171,6 +171,7 @@ pub(crate) fn build_draft_tree(
     draft_chain: Option<&Bound<'_, PyAny>>,
     exempt_depth: Int,
     scored: bool,
+    min_score: f64,
 ) -> PyResult<PyDraftTree> {
     let next_token = token_id(next_token, "next_token")?;
     let options = DraftOptions {
@@ -179,6 +180,8 @@ pub(crate) fn build_draft_tree(
         use_logits,
         exempt_depth: exempt(exempt_depth)?,
         scored,
+        #[allow(clippy::cast_possible_truncation)] // a threshold: f32 precision is plenty
+        min_score: if min_score.is_nan() { -1.0 } else { min_score as f32 },
     };
     let chain = draft_chain
         .map(|c| token_arg(c, "draft_chain"))

@@ -26,7 +26,7 @@ from racer_rs.cli.report import build_report, format_table, mismatched_records, 
 from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
 from racer_rs.cli.runner import BenchConfig, BenchmarkRunner, Record, Setting
 
-DEFAULT_METHODS = ("ar", "pld", "token_recycling", "racer", "tts")
+DEFAULT_METHODS = ("ar", "pld", "token_recycling", "racer", "racer_scored", "tts")
 DEFAULT_LIMIT = 10
 DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_TEMPERATURES = (0.8, 0.0)

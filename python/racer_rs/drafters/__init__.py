@@ -18,6 +18,7 @@ METHODS: dict[str, str] = {
     "pld": "racer_rs.drafters.pld:PromptLookupDrafter",
     "token_recycling": "racer_rs.drafters.token_recycling:TokenRecyclingDrafter",
     "racer": "racer_rs.drafters.racer:racer",
+    "racer_scored": "racer_rs.drafters.racer:racer_scored",
     "racer_retrieval": "racer_rs.drafters.racer:racer_retrieval",
     "racer_logits": "racer_rs.drafters.racer:racer_logits",
     "draft_model": "racer_rs.drafters.draft_model:make_drafter",

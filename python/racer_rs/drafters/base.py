@@ -33,6 +33,8 @@ class RequestStart:
             prompt position (row ``i`` predicts the token after ``prompt_ids[i]``), or ``None``
             when the drafter asked for none.
         prompt_logits_last: the target's raw logits at the last prompt position, ``[V]``.
+        prompt_topk_probs: ``float32[L, needs_topk]`` probabilities of ``prompt_topk`` under the
+            request's temperature (1 when greedy), when the drafter sets ``needs_topk_probs``.
         vocab_size: number of rows of the target's LM head (the logits width).
         device: the target's device.
         dtype: the target's parameter dtype.
@@ -60,6 +62,7 @@ class RequestStart:
     eos_token_ids: tuple[int, ...] = ()
     generator: torch.Generator | None = None
     model: Any = None
+    prompt_topk_probs: np.ndarray | None = None
 
 
 @dataclass
@@ -92,6 +95,8 @@ class StepOutcome:
             ``path`` when an EOS or the token budget cut the step).
         topk_ids: ``int32[n, needs_topk]`` top-k ids of the target logits of every tree node,
             or ``None`` when the drafter asked for none.
+        topk_probs: ``float32[n, needs_topk]`` their probabilities (see ``RequestStart``), when
+            the drafter sets ``needs_topk_probs``.
         node_logits: ``[n, V]`` detached target logits of every node, after the request's
             temperature/top-k/top-p processing (filtered entries are ``-inf``); raw logits
             when greedy. ``None`` unless the drafter sets ``needs_logits``.
@@ -107,6 +112,7 @@ class StepOutcome:
     node_logits: torch.Tensor | None = None
     position: int = 0
     finished: bool = False
+    topk_probs: np.ndarray | None = None
 
 
 class Drafter(ABC):
@@ -121,11 +127,14 @@ class Drafter(ABC):
             every prompt position (``RequestStart.prompt_topk``) and every tree node
             (``StepOutcome.topk_ids``).
         needs_logits: if true, ``StepOutcome.node_logits`` carries the tree's target logits.
+        needs_topk_probs: if true, the top-k ids come with their probabilities
+            (``RequestStart.prompt_topk_probs``, ``StepOutcome.topk_probs``).
     """
 
     name: str = "drafter"
     needs_topk: int = 0
     needs_logits: bool = False
+    needs_topk_probs: bool = False
 
     def begin(self, request: RequestStart) -> None:  # noqa: B027 - optional hook
         """Start a new request."""
