@@ -210,3 +210,24 @@ def test_scored_retrieval_paths_are_real_continuations(workload, next_token, cap
     again = build_draft_tree(a, table, next_token, capacity, scored=True)
     assert again.tokens.tolist() == tree.tokens.tolist()
     a.check_integrity()
+
+
+@given(st.integers(0, 2**32 - 1), st.floats(0.0, 0.5))
+def test_min_score_prunes_exactly_the_unlikely_nodes(seed, min_score):
+    rng = np.random.default_rng(seed)
+    vocab, k = 10, 3
+    table = LogitsTable(vocab, k)
+    ids = np.stack([rng.choice(vocab, size=k, replace=False) for _ in range(vocab)]).astype(np.int32)
+    probs = np.sort(rng.dirichlet(np.ones(k + 1), size=vocab)[:, :k], axis=1)[:, ::-1]
+    table.update(np.arange(vocab, dtype=np.int32), ids, np.ascontiguousarray(probs, dtype=np.float32))
+    a = Automaton(ngram=4, capacity=1000)
+    full = build_draft_tree(a, table, 0, 40, use_retrieval=False, scored=True)
+    pruned = build_draft_tree(a, table, 0, 40, use_retrieval=False, scored=True, min_score=min_score)
+    tokens, parents = pruned.tokens.tolist(), pruned.parents.tolist()
+    score = [1.0] * len(tokens)
+    for i in range(1, len(tokens)):
+        row = table.row(tokens[parents[i]]).tolist()
+        score[i] = score[parents[i]] * float(table.row_probs(tokens[parents[i]])[row.index(tokens[i])])
+        assert score[i] >= min_score - 1e-6
+    # The pruned tree is a best-first prefix of the full one.
+    assert set(tree_paths(tokens, parents)) <= set(tree_paths(full.tokens, full.parents))

@@ -141,6 +141,8 @@ BAD_CALLS = [
     (lambda a, t: build_draft_tree(a, t, -1, 8), ValueError, "next_token"),
     (lambda a, t: build_draft_tree(a, t, 3, 8, draft_chain=[1, 99]), ValueError, "draft_chain"),
     (lambda a, t: build_draft_tree(t, a, 3, 8), TypeError, "automaton"),
+    (lambda a, t: build_draft_tree(a, t, 3, 8, scored=True, min_score=1.5), ValueError, "min_score"),
+    (lambda a, t: build_draft_tree(a, t, 3, 8, scored=True, min_score=float("nan")), ValueError, "min_score"),
     (lambda a, t: DraftTree([1, 2], [-1, 0]).greedy_accept([1]), ValueError, "predicted"),
 ]
 
