@@ -1,8 +1,8 @@
 """Benchmark of the Rust core through the Python API on a realistic token stream.
 
 Measures `Automaton.extend` (microseconds per token at several context sizes, in decode-sized
-calls and in one bulk call), `build_draft_tree` at capacity 64 (p50/p99 microseconds per call,
-Python call included), and the memory used. Run:
+calls and in one bulk call), `build_draft_tree` at capacity 64, paper merge and scored
+(p50/p99 microseconds per call, Python call included), and the memory used. Run:
 
     python benches/bench_core.py [--tokens 200000] [--tokenizer PATH/tokenizer.json]
 """
@@ -74,7 +74,7 @@ def measure_at(stream: np.ndarray, context: int, table: LogitsTable, window: int
     a.extend(stream[:context])
     # Decode-like: calls of `step` tokens, one draft tree per call.
     chunk = stream[context : context + window]
-    tree_us = []
+    tree_us, scored_us = [], []
     t0 = time.perf_counter()
     for i in range(0, len(chunk), step):
         a.extend(chunk[i : i + step])
@@ -84,6 +84,9 @@ def measure_at(stream: np.ndarray, context: int, table: LogitsTable, window: int
         s = time.perf_counter()
         build_draft_tree(a, table, nxt, 64)
         tree_us.append((time.perf_counter() - s) * 1e6)
+        s = time.perf_counter()
+        build_draft_tree(a, table, nxt, 64, scored=True)
+        scored_us.append((time.perf_counter() - s) * 1e6)
         a.extend(chunk[i : i + 1])
     bulk = Automaton(ngram=10, capacity=10_000)
     bulk.extend(stream[:context])
@@ -91,7 +94,8 @@ def measure_at(stream: np.ndarray, context: int, table: LogitsTable, window: int
     bulk.extend(chunk)
     bulk_us = (time.perf_counter() - t0) / len(chunk) * 1e6
     a.check_integrity()
-    return extend_us, bulk_us, np.percentile(tree_us, 50), np.percentile(tree_us, 99), len(a), a.memory_bytes()
+    trees = [np.percentile(x, q) for x in (tree_us, scored_us) for q in (50, 99)]
+    return extend_us, bulk_us, *trees, len(a), a.memory_bytes()
 
 
 def main() -> None:
@@ -105,12 +109,13 @@ def main() -> None:
     table = bigram_table(stream)
     print(f"stream: {len(stream)} tokens of stdlib source, vocab seen {len(np.unique(stream))}")
     print(f"{'context':>8} | {'extend us/tok (step)':>20} | {'extend us/tok (bulk)':>20} | "
-          f"{'tree p50 us':>11} | {'tree p99 us':>11} | {'nodes':>6} | {'bytes':>9}")
+          f"{'tree p50/p99 us':>15} | {'scored p50/p99 us':>17} | {'nodes':>6} | {'bytes':>9}")
     for context in (1_000, 10_000, 100_000):
         if context + args.window > len(stream):
             continue
-        e, b, p50, p99, nodes, mem = measure_at(stream, context, table, args.window, args.step)
-        print(f"{context:>8} | {e:>20.3f} | {b:>20.3f} | {p50:>11.1f} | {p99:>11.1f} | {nodes:>6} | {mem:>9}")
+        e, b, p50, p99, s50, s99, nodes, mem = measure_at(stream, context, table, args.window, args.step)
+        print(f"{context:>8} | {e:>20.3f} | {b:>20.3f} | {f'{p50:.1f} / {p99:.1f}':>15} | "
+              f"{f'{s50:.1f} / {s99:.1f}':>17} | {nodes:>6} | {mem:>9}")
     full = Automaton(ngram=10, capacity=10_000)
     t0 = time.perf_counter()
     full.extend(stream)
