@@ -78,8 +78,9 @@ def method_configs(methods: list[str], capacities: list[int], default_capacity: 
     """``(label, method, capacity)`` for every run; racer gets one run per capacity."""
     configs = []
     for method in methods:
-        for capacity in capacities if method == "racer" else [default_capacity]:
-            label = f"{method}@{capacity}" if method == "racer" else method
+        swept = method in ("racer", "racer_scored")
+        for capacity in capacities if swept else [default_capacity]:
+            label = f"{method}@{capacity}" if swept else method
             configs.append((label, method, capacity))
     return configs
 
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--limit", type=int, default=5, help="prompts per dataset")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--methods", default="ar,pld,token_recycling,racer,racer_scored,racer_retrieval,racer_logits")
-    parser.add_argument("--capacities", default="16,32,64", help="racer capacities")
+    parser.add_argument("--capacities", default="16,32,64", help="capacities swept for racer and racer_scored")
     parser.add_argument("--capacity", type=int, default=64, help="capacity of the other methods")
     parser.add_argument("--settings", default="greedy,sampling")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
