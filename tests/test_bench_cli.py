@@ -354,3 +354,13 @@ def test_missing_draft_model_is_a_one_line_error(tiny_model, data_file, tmp_path
     argv = bench_args(tiny_model, data_file, tmp_path / "out", "--methods", "tts")
     code, _, err, _ = run_bench(capsys, [*argv, "--draft-model", str(tmp_path / "no-draft")])
     assert_one_line_error(code, err, "--draft-model path not found")
+
+
+def test_default_capacity_is_smaller_on_a_cpu(tiny_model: Path, data_file: Path, tmp_path: Path) -> None:
+    from racer_rs.cli.bench import default_capacity
+
+    assert (default_capacity("cpu"), default_capacity("cuda:0")) == (16, 64)
+    argv = bench_args(tiny_model, data_file, tmp_path / "out", "--methods", "pld")
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert report["config"]["capacity"] == 16

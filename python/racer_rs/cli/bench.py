@@ -41,6 +41,12 @@ data/code_completion.jsonl, {DEFAULT_MAX_NEW_TOKENS} new tokens, methods
 {",".join(DEFAULT_METHODS)} (those available), temperatures 0.8 (top-p 0.95) and 0 (greedy)."""
 
 
+def default_capacity(device: str) -> int:
+    """The library's tree capacity on accelerators; a smaller one on CPUs, where verifying a
+    tree costs time in proportion to its size (measured in benches/bench_methods.py)."""
+    return 16 if device == "cpu" else 64
+
+
 def add_parser(subparsers: Any) -> None:
     """Register the ``bench`` subcommand."""
     parser = subparsers.add_parser("bench", help="benchmark methods side by side", description=DESCRIPTION)
@@ -69,7 +75,13 @@ def add_parser(subparsers: Any) -> None:
         "--top-p", type=common.probability, default=DEFAULT_TOP_P, help="for sampling settings"
     )
     parser.add_argument("--top-k", type=common.non_negative_int, default=0, help="for sampling settings")
-    parser.add_argument("--capacity", type=common.positive_int, default=64, help="draft tree nodes")
+    parser.add_argument(
+        "--capacity",
+        type=common.positive_int,
+        default=None,
+        help="draft tree nodes (default: 64 on a GPU; 16 on a CPU, where every extra node costs "
+        "verification time)",
+    )
     parser.add_argument("--seed", type=common.non_negative_int, default=0, help="question i uses seed + i")
     parser.add_argument("--persistent", action="store_true", help="keep drafter state across requests")
     parser.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
@@ -233,7 +245,7 @@ def _run(args: argparse.Namespace) -> int:
         method_options={m: models.method_options(m, options[m]) for m in methods},
         settings=_settings(args),
         max_new_tokens=args.max_new_tokens,
-        capacity=args.capacity,
+        capacity=args.capacity or default_capacity(models.device),
         warmup=args.warmup,
         repeat=args.repeat,
         seed=args.seed,
