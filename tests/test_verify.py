@@ -138,9 +138,13 @@ def test_chunked_prefill_topk_matches_full_logits(family: str) -> None:
     verifier = TreeVerifier(model)
     output = verifier.prefill(np.asarray(prompt, dtype=np.int32), topk=5, chunk=4)
     logits, cache = _fresh_forward(model, prompt)
-    assert output.prompt_topk is not None and output.prompt_topk.shape == (23, 5)
+    positions = output.prompt_topk_positions
+    assert positions is not None and positions[-1] == 22
+    # Exactly the last occurrence of every distinct token.
+    assert positions.tolist() == sorted({token: i for i, token in enumerate(prompt)}.values())
+    assert output.prompt_topk is not None and output.prompt_topk.shape == (len(positions), 5)
     assert output.prompt_topk.dtype == np.int32
-    expected = torch.topk(logits, 5, dim=-1).indices.numpy()
+    expected = torch.topk(logits, 5, dim=-1).indices.numpy()[positions]
     assert [set(row) for row in output.prompt_topk] == [set(row) for row in expected]
     torch.testing.assert_close(output.last_logits, logits[-1], atol=1e-5, rtol=1e-4)
     _assert_cache_equal(verifier.cache, cache)

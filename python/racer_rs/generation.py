@@ -236,6 +236,7 @@ class DecodeLoop:
                 generator=self.generator,
                 model=self.verifier.model,
                 prompt_topk_probs=output.prompt_topk_probs,
+                prompt_topk_positions=output.prompt_topk_positions,
             )
         )
         state.timings["prefill"] += time.perf_counter() - start

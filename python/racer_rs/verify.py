@@ -110,13 +110,23 @@ class PrefillOutput:
 
     Attributes:
         last_logits: ``[V]`` raw logits at the last prompt position.
-        prompt_topk: ``int32[L, k]`` top-k ids at every prompt position, or ``None`` (k = 0).
-        prompt_topk_probs: ``float32[L, k]`` their probabilities, when asked for.
+        prompt_topk: ``int32[m, k]`` top-k ids at the prompt positions ``prompt_topk_positions``,
+            or ``None`` (k = 0).
+        prompt_topk_positions: ``int64[m]`` ascending positions of those rows: the last
+            occurrence of every distinct prompt token (the last position included).
+        prompt_topk_probs: ``float32[m, k]`` their probabilities, when asked for.
     """
 
     last_logits: torch.Tensor
     prompt_topk: np.ndarray | None
+    prompt_topk_positions: np.ndarray | None = None
     prompt_topk_probs: np.ndarray | None = None
+
+
+def last_occurrences(tokens: np.ndarray) -> np.ndarray:
+    """Ascending positions of the last occurrence of every distinct token in ``tokens``."""
+    _, first_from_end = np.unique(tokens[::-1], return_index=True)
+    return np.sort(len(tokens) - 1 - first_from_end)
 
 
 def topk_with_probs(logits: torch.Tensor, k: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,8 +181,10 @@ class TreeVerifier:
 
         With ``topk > 0`` the prompt positions but the last go through the decoder alone and
         the LM head runs in chunks of ``chunk`` rows keeping only top-k ids, so an ``L x V``
-        logits tensor never exists. The last position always goes through the full model, so
-        its logits include any output scaling the model applies.
+        logits tensor never exists. It runs only at the last occurrence of each distinct token:
+        the tables that consume these rows keep only a token's latest occurrence, so earlier
+        rows would be overwritten anyway. The last position always goes through the full
+        model, so its logits include any output scaling the model applies.
 
         Args:
             prompt_ids: ``int32[L]`` prompt, ``L >= 1``.
@@ -188,10 +200,12 @@ class TreeVerifier:
         ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).unsqueeze(0)
         rows: list[tuple[torch.Tensor, torch.Tensor]] = []
         temperature = 1.0 if probs_temperature is None else probs_temperature
+        positions = last_occurrences(np.asarray(prompt_ids))
         if topk > 0 and ids.shape[1] > 1:
             # The LM head is a monotone map away from the logits for every supported family
             # (at most a positive scale or soft-cap follows it), so top-k ids are exact.
             hidden = self.model.base_model(input_ids=ids[:, :-1], cache=self.cache, use_cache=True).last_hidden_state[0]
+            hidden = hidden[torch.from_numpy(positions[:-1]).to(self.device)]
             lm_head = self.model.get_output_embeddings()
             for start in range(0, hidden.shape[0], chunk):
                 rows.append(topk_with_probs(lm_head(hidden[start : start + chunk]), topk, temperature))
@@ -202,6 +216,7 @@ class TreeVerifier:
         if topk > 0:
             rows.append(topk_with_probs(last.unsqueeze(0), topk, temperature))
             output.prompt_topk = torch.cat([r[0] for r in rows]).to(device="cpu", dtype=torch.int32).numpy()
+            output.prompt_topk_positions = positions
             if probs_temperature is not None:
                 output.prompt_topk_probs = torch.cat([r[1] for r in rows]).cpu().numpy()
         self.length = int(ids.shape[1])

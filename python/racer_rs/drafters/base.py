@@ -29,11 +29,15 @@ class RequestStart:
 
     Attributes:
         prompt_ids: the prompt, ``int32[L]``.
-        prompt_topk: ``int32[L, needs_topk]``: the target's top-k next-token ids at every
-            prompt position (row ``i`` predicts the token after ``prompt_ids[i]``), or ``None``
-            when the drafter asked for none.
+        prompt_topk: ``int32[m, needs_topk]``: the target's top-k next-token ids at the prompt
+            positions ``prompt_topk_positions`` (row ``j`` predicts the token after
+            ``prompt_ids[prompt_topk_positions[j]]``), or ``None`` when the drafter asked for
+            none. Only the last occurrence of each distinct token is computed, which is all a
+            last-write-wins table (copy-logit, Token Recycling) keeps.
+        prompt_topk_positions: ``int64[m]`` ascending prompt positions of the rows of
+            ``prompt_topk`` (the last one is ``L - 1``).
         prompt_logits_last: the target's raw logits at the last prompt position, ``[V]``.
-        prompt_topk_probs: ``float32[L, needs_topk]`` probabilities of ``prompt_topk`` under the
+        prompt_topk_probs: ``float32[m, needs_topk]`` probabilities of ``prompt_topk`` under the
             request's temperature (1 when greedy), when the drafter sets ``needs_topk_probs``.
         vocab_size: number of rows of the target's LM head (the logits width).
         device: the target's device.
@@ -63,6 +67,14 @@ class RequestStart:
     generator: torch.Generator | None = None
     model: Any = None
     prompt_topk_probs: np.ndarray | None = None
+    prompt_topk_positions: np.ndarray | None = None
+
+    @property
+    def prompt_topk_tokens(self) -> np.ndarray | None:
+        """The prompt tokens whose rows ``prompt_topk`` holds (``None`` without top-k)."""
+        if self.prompt_topk is None or self.prompt_topk_positions is None:
+            return None
+        return self.prompt_ids[self.prompt_topk_positions]
 
 
 @dataclass

@@ -99,7 +99,7 @@ class RacerDrafter(Drafter):
         if self.use_retrieval:
             self.automaton.extend(request.prompt_ids)
         if self.use_logits and request.prompt_topk is not None:
-            self.table.update(request.prompt_ids, request.prompt_topk, request.prompt_topk_probs)
+            self.table.update(request.prompt_topk_tokens, request.prompt_topk, request.prompt_topk_probs)
 
     def propose(self, context: np.ndarray, next_token: int, capacity: int) -> Proposal:
         """Retrieval paths first, then the logits tree fills the remaining budget."""

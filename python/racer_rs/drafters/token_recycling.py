@@ -84,7 +84,7 @@ class TokenRecyclingDrafter(Drafter):
         elif not self.persistent:
             self.table.clear()
         if request.prompt_topk is not None:
-            self.table.update(request.prompt_ids, request.prompt_topk)
+            self.table.update(request.prompt_topk_tokens, request.prompt_topk)
 
     def propose(self, context: np.ndarray, next_token: int, capacity: int) -> Proposal:
         """Fill the template from the table, rooted at ``next_token``."""
