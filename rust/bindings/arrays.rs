@@ -1,6 +1,8 @@
 //! Conversion of Python token inputs (lists or int32/int64 numpy arrays) and of outputs.
 
-use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{
+    Element, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
@@ -79,11 +81,17 @@ pub(crate) fn token_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tok
     Ok(Tokens::Owned(to_i32(arg, values)?))
 }
 
-/// Extract an `[n, k]` int32/int64 array as row-major `(data, n, k)`.
-pub(crate) fn matrix(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Vec<i32>, usize, usize)> {
-    let a = obj.cast::<PyUntypedArray>().map_err(|_| {
-        PyTypeError::new_err(format!("{arg}: expected a 2-D int32 or int64 numpy array"))
-    })?;
+/// Extract a 2-D array of element type `Narrow` (taken as is) or `Wide` (converted by `narrow`)
+/// as row-major `(data, rows, cols)`; `kinds` names the two dtypes in error messages.
+fn matrix_of<Narrow: Element + Copy, Wide: Element + Copy>(
+    obj: &Bound<'_, PyAny>,
+    arg: &str,
+    kinds: &str,
+    narrow: impl Fn(Vec<Wide>) -> PyResult<Vec<Narrow>>,
+) -> PyResult<(Vec<Narrow>, usize, usize)> {
+    let a = obj
+        .cast::<PyUntypedArray>()
+        .map_err(|_| PyTypeError::new_err(format!("{arg}: expected a 2-D {kinds} numpy array")))?;
     if a.ndim() != 2 {
         return Err(value_error(
             arg,
@@ -91,43 +99,30 @@ pub(crate) fn matrix(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Vec<i32>, u
         ));
     }
     let (n, k) = (a.shape()[0], a.shape()[1]);
-    if let Ok(m) = obj.extract::<PyReadonlyArray2<'_, i32>>() {
+    if let Ok(m) = obj.extract::<PyReadonlyArray2<'_, Narrow>>() {
         return Ok((m.as_array().iter().copied().collect(), n, k));
     }
-    if let Ok(m) = obj.extract::<PyReadonlyArray2<'_, i64>>() {
-        return Ok((to_i32(arg, m.as_array().iter().copied())?, n, k));
+    if let Ok(m) = obj.extract::<PyReadonlyArray2<'_, Wide>>() {
+        return Ok((narrow(m.as_array().iter().copied().collect())?, n, k));
     }
     Err(PyTypeError::new_err(format!(
-        "{arg}: expected an int32 or int64 array, got dtype {}",
+        "{arg}: expected a {kinds} array, got dtype {}",
         dtype_name(a)
     )))
 }
 
+/// Extract an `[n, k]` int32/int64 array of token ids as row-major `(data, n, k)`.
+pub(crate) fn matrix(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Vec<i32>, usize, usize)> {
+    matrix_of::<i32, i64>(obj, arg, "int32 or int64", |wide| to_i32(arg, wide))
+}
+
 /// Extract an `[n, k]` float32/float64 array of probabilities as row-major `(data, n, k)`.
 pub(crate) fn prob_matrix(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Vec<f32>, usize, usize)> {
-    let a = obj.cast::<PyUntypedArray>().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "{arg}: expected a 2-D float32 or float64 numpy array"
-        ))
-    })?;
-    if a.ndim() != 2 {
-        return Err(value_error(
-            arg,
-            format!("expected a 2-D array, got shape {:?}", a.shape()),
-        ));
-    }
-    let (n, k) = (a.shape()[0], a.shape()[1]);
-    if let Ok(m) = obj.extract::<PyReadonlyArray2<'_, f32>>() {
-        return Ok((m.as_array().iter().copied().collect(), n, k));
-    }
-    if let Ok(m) = obj.extract::<PyReadonlyArray2<'_, f64>>() {
-        #[allow(clippy::cast_possible_truncation)] // probabilities: f32 precision is plenty
-        return Ok((m.as_array().iter().map(|&p| p as f32).collect(), n, k));
-    }
-    Err(PyTypeError::new_err(format!(
-        "{arg}: expected a float32 or float64 array, got dtype {}",
-        dtype_name(a)
-    )))
+    // Probabilities: f32 precision is plenty.
+    #[allow(clippy::cast_possible_truncation)]
+    matrix_of::<f32, f64>(obj, arg, "float32 or float64", |wide| {
+        Ok(wide.into_iter().map(|p| p as f32).collect())
+    })
 }
 
 /// A Python int argument that must be a token id (non-negative int32).
