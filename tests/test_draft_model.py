@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 import racer_rs  # noqa: E402
 from racer_rs.drafters.base import RequestStart  # noqa: E402
 from racer_rs.drafters.draft_model import DraftModelDrafter  # noqa: E402
+from tests.tiny_models import seeded_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -23,19 +24,7 @@ VOCAB = 96
 
 def tiny_llama(seed: int, hidden: int = 32, vocab: int = VOCAB, init: float = 0.1) -> torch.nn.Module:
     """A seeded random float32 Llama; ``init`` 0.1 makes its greedy output varied."""
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        initializer_range=init,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
+    return seeded_llama(seed, hidden, vocab, init)
 
 
 def noisy_copy(model: torch.nn.Module, seed: int, scale: float) -> torch.nn.Module:

@@ -25,6 +25,7 @@ from racer_rs.tts.distill import (  # noqa: E402
     trainable_parameter_names,
 )
 from racer_rs.tts.worker import THREAD_NAME_PREFIX, UpdateWorker  # noqa: E402
+from tests.tiny_models import seeded_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -332,19 +333,7 @@ PROMPT = [1, 2, 3, 4, 5, 6]
 
 def varied_llama(seed: int, hidden: int = 32) -> torch.nn.Module:
     """A random Llama whose greedy output is varied (larger init than the default)."""
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        initializer_range=0.1,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
+    return seeded_llama(seed, hidden, VOCAB)
 
 
 @pytest.fixture(scope="module")

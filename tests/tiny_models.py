@@ -146,3 +146,21 @@ def random_prompt(seed: int, length: int = 24, vocab: int = VOCAB) -> list[int]:
     """A seeded prompt of distinct-looking random tokens (few repeated n-grams)."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (length,), generator=generator).tolist()
+
+
+def seeded_llama(seed: int, hidden: int = 32, vocab: int = 96, init: float = 0.1) -> PreTrainedModel:
+    """A seeded float32 Llama whose greedy output is varied (``init`` above the default 0.02),
+    used as a draft or target in the draft-model and TTS tests."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        initializer_range=init,
+    )
+    return LlamaForCausalLM(config).eval()
