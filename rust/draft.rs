@@ -160,7 +160,7 @@ impl<'a> ScoredBuild<'a> {
             self.push_logits(builder, node, 1.0);
         }
         if self.options.use_retrieval {
-            for border in self.automaton.retrieval_borders(next) {
+            for border in self.automaton.borders(next) {
                 self.used.push(border);
                 self.push_trie(border, 0, 1.0);
             }

@@ -192,17 +192,21 @@ def test_multi_turn_questions_feed_back_the_models_own_answer(tiny_model, data_f
     assert second["prompt_tokens"] >= first["prompt_tokens"] + (first["new_tokens"] - 1) + second_turn
 
 
-def test_greedy_mismatch_is_flagged_and_exits_non_zero(tiny_model, data_file, tmp_path, capsys, monkeypatch):
+def install_wrong_pld(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Swap in a deliberately wrong engine: pld changes its third token."""
     real_generate = racer_rs.generation.generate
 
     def lossy_generate(*args: Any, **kwargs: Any) -> Any:
-        """A deliberately wrong engine: pld changes its third token."""
         result = real_generate(*args, **kwargs)
         if kwargs.get("method") == "pld" and len(result.tokens) > 2:
             result.tokens[2] = (result.tokens[2] + 1) % 257
         return result
 
     monkeypatch.setattr(racer_rs.generation, "generate", lossy_generate)
+
+
+def test_greedy_mismatch_is_flagged_and_exits_non_zero(tiny_model, data_file, tmp_path, capsys, monkeypatch):
+    install_wrong_pld(monkeypatch)
     out = tmp_path / "out"
     code, stdout, stderr, report = run_bench(
         capsys,
@@ -237,15 +241,7 @@ def test_greedy_mismatch_is_flagged_and_exits_non_zero(tiny_model, data_file, tm
 
 
 def test_sampling_runs_are_not_compared_token_by_token(tiny_model, data_file, tmp_path, capsys, monkeypatch):
-    real_generate = racer_rs.generation.generate
-
-    def shifted(*args: Any, **kwargs: Any) -> Any:
-        result = real_generate(*args, **kwargs)
-        if kwargs.get("method") == "pld" and len(result.tokens) > 2:
-            result.tokens[2] = (result.tokens[2] + 1) % 257
-        return result
-
-    monkeypatch.setattr(racer_rs.generation, "generate", shifted)
+    install_wrong_pld(monkeypatch)
     out = tmp_path / "out"
     code, _, stderr, report = run_bench(
         capsys,

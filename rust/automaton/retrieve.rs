@@ -59,7 +59,7 @@ impl Automaton {
 
     /// The borders: nodes for `s + [next]` with `s` a context suffix (found on the failure chain
     /// of the state) and depth >= `min_depth`, longest first.
-    fn borders(&mut self, next: u32) -> Vec<u32> {
+    pub(crate) fn borders(&mut self, next: u32) -> Vec<u32> {
         self.ensure_state();
         let mut borders = Vec::new();
         let mut u = self.state;
@@ -130,11 +130,6 @@ impl Automaton {
 
 /// Hooks for the probability-scored tree builder (`crate::draft`).
 impl Automaton {
-    /// The borders for `next`, longest first (see `retrieve`).
-    pub(crate) fn retrieval_borders(&mut self, next: u32) -> Vec<u32> {
-        self.borders(next)
-    }
-
     /// Calls `f(token, probability, child)` for every child of trie node `node`, where the
     /// probability is the add-one smoothed estimate `count(child) / (count(node) + 1)` that
     /// the child's token follows the node's string.
