@@ -6,6 +6,8 @@ decodes) and greedy equivalence for ``racer_tts``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -13,13 +15,15 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
-from racer_rs.drafters.base import RequestStart  # noqa: E402
+from racer_rs.drafters.base import Drafter, RequestStart  # noqa: E402
 from racer_rs.drafters.draft_model import DraftModelDrafter  # noqa: E402
-from tests.tiny_models import seeded_llama  # noqa: E402
+from tests.stats import pvalue_of_array  # noqa: E402
+from tests.tiny_models import plain_greedy, seeded_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 VOCAB = 96
+SMALL_VOCAB = 12  # the distribution tests' vocabulary: few cells, so chi-square tests have power
 
 
 def tiny_llama(seed: int, hidden: int = 32, vocab: int = VOCAB, init: float = 0.1) -> torch.nn.Module:
@@ -51,10 +55,8 @@ def draft(request: pytest.FixtureRequest, target: torch.nn.Module) -> torch.nn.M
 
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 7, 30, 2, 9, 11, 50, 3]]
-
-
-def plain_greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
-    return racer_rs.generate(model, prompt, method="ar", max_new_tokens=n).tokens
+# References are tiny_models.plain_greedy: one token per forward with the model's own cache,
+# independent of the engine (not the engine's own ``ar`` method).
 
 
 # --- the drafter on its own -------------------------------------------------------------------
@@ -114,15 +116,74 @@ def test_capacity_caps_the_chain() -> None:
     assert single.tree.tokens.tolist() == [4] and single.draft_probs is None
 
 
+class ShiftedReportDrafter(DraftModelDrafter):
+    """Samples from ``q`` but reports ``q`` shifted by one token."""
+
+    def _pick(self, logits: torch.Tensor, sample: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        token, q = super()._pick(logits, sample)
+        return token, None if q is None else q.roll(1)
+
+
+class UniformReportDrafter(DraftModelDrafter):
+    """Samples from ``q`` but reports the uniform distribution."""
+
+    def _pick(self, logits: torch.Tensor, sample: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        token, q = super()._pick(logits, sample)
+        return token, None if q is None else torch.full_like(q, 1.0 / q.numel())
+
+
+class SharperSamplingDrafter(DraftModelDrafter):
+    """Reports ``q`` but samples from a sharper distribution (temperature halved)."""
+
+    def _pick(self, logits: torch.Tensor, sample: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        token, q = super()._pick(2.0 * logits, sample)
+        _, reported = super()._pick(logits, sample)
+        return token, reported
+
+
+PROPOSAL_TEMPERATURE = 0.7
+
+
+def check_reports_what_it_samples(cls: type[DraftModelDrafter]) -> None:
+    """``draft_probs`` row ``i`` is the draft's processed distribution after the chain's first
+    ``i`` tokens (recomputed from scratch), and the drafted tokens follow the reported rows."""
+    from racer_rs.sampling import SamplingConfig, process_logits
+
+    draft = tiny_llama(3, vocab=SMALL_VOCAB, init=0.3)
+    config = SamplingConfig(temperature=PROPOSAL_TEMPERATURE)
+    context = np.array([1, 2, 5], dtype=np.int32)
+    generator = torch.Generator().manual_seed(0)
+    drafter = cls(None, draft_model=draft, canvas=3)
+    # The reported rows against the draft's own distribution, recomputed without any cache.
+    drafter.begin(replace(request_start(SMALL_VOCAB, PROPOSAL_TEMPERATURE), generator=generator))
+    proposal = drafter.propose(context, 4, capacity=8)
+    chain = proposal.tree.tokens.tolist()
+    assert proposal.draft_probs is not None and proposal.draft_probs.shape == (3, SMALL_VOCAB)
+    with torch.no_grad():
+        logits = draft(input_ids=torch.tensor([context.tolist() + chain])).logits[0, len(context) : len(context) + 3]
+    torch.testing.assert_close(proposal.draft_probs, process_logits(logits, config).softmax(-1))
+    # The first drafted token's frequencies against the reported first row.
+    runs = 600
+    counts = np.zeros(SMALL_VOCAB, dtype=np.int64)
+    reported = torch.zeros(SMALL_VOCAB, dtype=torch.float64)
+    for _ in range(runs):
+        drafter.begin(replace(request_start(SMALL_VOCAB, PROPOSAL_TEMPERATURE), generator=generator))
+        proposal = drafter.propose(context, 4, capacity=2)
+        assert proposal.draft_probs is not None
+        counts[int(proposal.tree.tokens[1])] += 1
+        reported += proposal.draft_probs[0].double() / runs
+    drafter.end()
+    assert pvalue_of_array(counts, reported.numpy()) > 1e-3
+
+
 def test_sampling_proposal_carries_the_distribution_it_sampled_from() -> None:
-    drafter = DraftModelDrafter(None, draft_model=tiny_llama(3), canvas=3)
-    drafter.begin(request_start(temperature=0.7))
-    proposal = drafter.propose(np.array([1, 2], dtype=np.int32), 3, capacity=8)
-    probs = proposal.draft_probs
-    assert probs is not None and probs.shape == (3, VOCAB)
-    torch.testing.assert_close(probs.sum(-1), torch.ones(3))
-    drafted = torch.as_tensor(proposal.tree.tokens[1:].astype(np.int64))
-    assert bool((probs.gather(1, drafted[:, None]) > 0).all())
+    check_reports_what_it_samples(DraftModelDrafter)
+
+
+@pytest.mark.parametrize("cls", [ShiftedReportDrafter, UniformReportDrafter, SharperSamplingDrafter])
+def test_misreported_draft_probs_fail_the_same_check(cls: type[DraftModelDrafter]) -> None:
+    with pytest.raises(AssertionError):
+        check_reports_what_it_samples(cls)
 
 
 def test_bad_options_are_rejected(target: torch.nn.Module) -> None:
@@ -184,21 +245,6 @@ def test_noisy_copy_draft_gets_tokens_accepted(target: torch.nn.Module) -> None:
 
 # --- sampling losslessness --------------------------------------------------------------------
 
-SMALL_VOCAB = 12
-
-
-def chi2_pvalue(observed: np.ndarray, expected_probs: np.ndarray) -> float:
-    """Pearson chi-square test (cells with small expectation merged into one)."""
-    n = observed.sum()
-    expected = expected_probs * n
-    big = expected >= 5
-    obs = np.append(observed[big], observed[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
-    dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0)))
-
 
 def exact_third_token(model: torch.nn.Module, prompt: list[int], temperature: float, top_k: int) -> np.ndarray:
     """Exact distribution of the 3rd sampled token under plain sampling (enumerates the first two)."""
@@ -220,6 +266,28 @@ def exact_third_token(model: torch.nn.Module, prompt: list[int], temperature: fl
     return torch.einsum("a,ab,abc->c", p1, p2, p3).numpy()
 
 
+def third_token_sampling(drafter: Drafter, top_k: int, runs: int = 2000) -> tuple[float, int]:
+    """p-value of the 3rd sampled token of ``runs`` seeded requests against its exact
+    distribution, and the number of requests in which drafted tokens were accepted."""
+    target = tiny_llama(10, hidden=32, vocab=SMALL_VOCAB, init=0.3)
+    prompt = [1, 2, 3]
+    temperature = 0.9
+    expected = exact_third_token(target, prompt, temperature, top_k)
+    counts = np.zeros(SMALL_VOCAB, dtype=np.int64)
+    accepted = 0
+    for seed in range(runs):
+        result = racer_rs.generate(
+            target, prompt, max_new_tokens=4, temperature=temperature, top_k=top_k, seed=seed, drafter=drafter
+        )
+        counts[result.tokens[2]] += 1
+        accepted += result.steps < 4
+    return pvalue_of_array(counts, expected), accepted
+
+
+def third_token_draft() -> torch.nn.Module:
+    return tiny_llama(11, hidden=32, vocab=SMALL_VOCAB, init=0.3)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("method", "options", "top_k"),
@@ -234,18 +302,14 @@ def test_sampling_keeps_the_target_distribution(method: str, options: dict, top_
     from racer_rs.drafters import make_drafter
 
     target = tiny_llama(10, hidden=32, vocab=SMALL_VOCAB, init=0.3)
-    draft = tiny_llama(11, hidden=32, vocab=SMALL_VOCAB, init=0.3)
-    prompt = [1, 2, 3]
-    temperature = 0.9
-    expected = exact_third_token(target, prompt, temperature, top_k)
-    drafter = make_drafter(method, target, draft_model=draft, **options)  # reset per request
-    counts = np.zeros(SMALL_VOCAB, dtype=np.int64)
-    accepted = 0
-    for seed in range(2000):
-        result = racer_rs.generate(
-            target, prompt, max_new_tokens=4, temperature=temperature, top_k=top_k, seed=seed, drafter=drafter
-        )
-        counts[result.tokens[2]] += 1
-        accepted += result.steps < 4
+    drafter = make_drafter(method, target, draft_model=third_token_draft(), **options)  # reset per request
+    pvalue, accepted = third_token_sampling(drafter, top_k)
     assert accepted > 200  # drafted tokens were accepted in many runs, so the test exercises them
-    assert chi2_pvalue(counts, expected) > 1e-3
+    assert pvalue > 1e-3
+
+
+@pytest.mark.slow
+def test_misreported_draft_probs_fail_the_same_sampling_test() -> None:
+    drafter = ShiftedReportDrafter(None, draft_model=third_token_draft(), canvas=3)
+    pvalue, _ = third_token_sampling(drafter, top_k=0)
+    assert pvalue < 1e-3
