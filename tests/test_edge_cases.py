@@ -38,12 +38,7 @@ def _eos_inside_a_step(model: torch.nn.Module) -> tuple[list[int], int, int]:
     raise AssertionError("no suitable multi-token step; the test model is not repetitive enough")
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_single_eos_inside_accepted_path_truncates_there(model: torch.nn.Module, method: str) -> None:
-    tokens, index, _ = _eos_inside_a_step(model)
-    result = racer_rs.generate(model, REPEATING_PROMPT, method=method, max_new_tokens=60, eos_token_id=tokens[index])
-    assert result.tokens == tokens[: index + 1]
-    assert sum(result.accepted_lengths) == len(result.tokens)
+# Every method with an EOS inside its own accepted paths, greedy and sampling: tests/test_eos.py.
 
 
 def test_eos_cuts_the_accepted_path_mid_step(model: torch.nn.Module) -> None:

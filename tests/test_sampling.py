@@ -35,7 +35,6 @@ from racer_rs.generation import DecodeLoop, DecodeState  # noqa: E402
 from racer_rs.sampling import (  # noqa: E402
     CANDIDATES,
     SamplingConfig,
-    draw_uniforms,
     process_logits,
     resample_node,
     sample_nodes,
@@ -43,7 +42,7 @@ from racer_rs.sampling import (  # noqa: E402
 )
 from racer_rs.verify import TreeVerifier  # noqa: E402
 from tests.stats import chi_square_pvalue  # noqa: E402
-from tests.tiny_models import REPEATING_PROMPT, tiny_model  # noqa: E402
+from tests.tiny_models import REPEATING_PROMPT, plain_sampling, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -124,22 +123,6 @@ def test_seeded_generation_is_reproducible(model: torch.nn.Module) -> None:
     first = racer_rs.generate(model, PROMPT, seed=7, **kwargs).tokens
     assert racer_rs.generate(model, PROMPT, seed=7, **kwargs).tokens == first
     assert any(racer_rs.generate(model, PROMPT, seed=s, **kwargs).tokens != first for s in range(8, 12))
-
-
-@torch.inference_mode()
-def plain_sampling(model: torch.nn.Module, prompt: list[int], new_tokens: int, config: SamplingConfig, seed: int) -> list[int]:
-    """Plain decoding, one token per forward, sampling position t with uniforms row t."""
-    from transformers import DynamicCache
-
-    generator = torch.Generator().manual_seed(seed)
-    uniforms = draw_uniforms(new_tokens + 1, generator)
-    cache = DynamicCache(config=model.config)
-    logits = model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True).logits[0, -1]
-    tokens: list[int] = []
-    for position in range(new_tokens):
-        tokens.append(sample_position(logits, config, uniforms[position], generator))
-        logits = model(input_ids=torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True).logits[0, -1]
-    return tokens
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

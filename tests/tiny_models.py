@@ -22,6 +22,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from racer_rs.sampling import SamplingConfig, draw_uniforms, sample_position
+
 VOCAB = 96
 WINDOW = 256
 
@@ -134,6 +136,25 @@ def plain_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int)
     tokens: list[int] = []
     for _ in range(max_new_tokens):
         tokens.append(int(logits.argmax()))
+        logits = model(input_ids=torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True).logits[0, -1]
+    return tokens
+
+
+@torch.inference_mode()
+def plain_sampling(
+    model: PreTrainedModel, prompt: list[int], new_tokens: int, config: SamplingConfig, seed: int
+) -> list[int]:
+    """Plain sampling, one token per forward, sampling position ``t`` with uniforms row ``t``
+    (the engine's position-keyed sampler, so a seed gives every method the same text)."""
+    from transformers import DynamicCache
+
+    generator = torch.Generator().manual_seed(seed)
+    uniforms = draw_uniforms(new_tokens + 1, generator)
+    cache = DynamicCache(config=model.config)
+    logits = model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True).logits[0, -1]
+    tokens: list[int] = []
+    for position in range(new_tokens):
+        tokens.append(sample_position(logits, config, uniforms[position], generator))
         logits = model(input_ids=torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True).logits[0, -1]
     return tokens
 
