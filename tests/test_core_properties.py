@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -80,6 +81,72 @@ def test_eviction_keeps_budget_integrity_and_newest_window(tokens, ngram, extra,
     for k in range(1, min(ngram, len(tokens)) + 1):
         assert 1 <= a.count(tokens[-k:]) <= ref.count(tokens[-k:])
     assert a.match_length == min(ngram, len(tokens))
+
+
+def check_retrieval_sound(tree: DraftTree, allowed: set[tuple[int, ...]], next_token: int) -> None:
+    """Every retrieved path is a real continuation (or the root alone)."""
+    paths = tree_paths(tree.tokens, tree.parents)
+    assert paths[0] == (next_token,)
+    assert set(paths[1:]) <= allowed
+
+
+def with_extra_child(tree: DraftTree, token: int) -> DraftTree:
+    """``tree`` plus a child of the root carrying ``token`` (a fabricated path)."""
+    tokens = np.append(tree.tokens, token)
+    parents = np.append(tree.parents, 0)
+    order = np.argsort(np.append(tree.depths, 1), kind="stable")  # keep BFS order
+    remap = np.empty_like(order)
+    remap[order] = np.arange(len(order))
+    new_parents = [-1 if parents[i] < 0 else int(remap[parents[i]]) for i in order]
+    return DraftTree(tokens[order], new_parents)
+
+
+@given(
+    st.lists(st.integers(0, 5), min_size=30, max_size=400),
+    st.integers(2, 5),
+    st.integers(0, 30),
+    st.integers(0, 5),
+    st.integers(1, 60),
+    st.booleans(),
+)
+def test_retrieve_is_sound_after_eviction(tokens, ngram, extra, next_token, budget, split):
+    """Under a node budget the automaton forgets, but what it retrieves really occurred."""
+    capacity = ngram * (ngram + 1) // 2 + extra
+    a = Automaton(ngram=ngram, capacity=capacity)
+    ref = ReferenceIndex(ngram)
+    for start in range(0, len(tokens), 7):
+        chunk = tokens[start : start + 7]
+        a.extend(chunk)
+        ref.extend(chunk)
+        if split and start == 14:
+            a.new_sequence()
+            ref.new_sequence()
+        tree = a.retrieve(next_token, budget)
+        allowed = ref.continuations(next_token)
+        check_retrieval_sound(tree, allowed, next_token)
+        # The same check rejects a path that never occurred (token 6 is never fed).
+        with pytest.raises(AssertionError):
+            check_retrieval_sound(with_extra_child(tree, 6), allowed, next_token)
+    assert len(a) <= capacity
+    a.check_integrity()
+
+
+def test_retrieval_after_eviction_still_finds_continuations():
+    """The property above is not vacuous: eviction happened and retrieval still returned paths."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 4, size=600).tolist()
+    a = Automaton(ngram=4, capacity=30)
+    ref = ReferenceIndex(4)
+    sizes = []
+    for start in range(0, len(tokens), 7):
+        a.extend(tokens[start : start + 7])
+        ref.extend(tokens[start : start + 7])
+        tree = a.retrieve(tokens[start], 16)
+        check_retrieval_sound(tree, ref.continuations(tokens[start]), tokens[start])
+        sizes.append(len(tree))
+    assert any(a.count([t]) < ref.count([t]) for t in range(4))  # counts were evicted
+    assert max(sizes[-20:]) > 1
+    a.check_integrity()
 
 
 def full_table(vocab: int, k: int, seed: int = 0) -> LogitsTable:
@@ -212,22 +279,60 @@ def test_scored_retrieval_paths_are_real_continuations(workload, next_token, cap
     a.check_integrity()
 
 
-@given(st.integers(0, 2**32 - 1), st.floats(0.0, 0.5))
-def test_min_score_prunes_exactly_the_unlikely_nodes(seed, min_score):
+def f32_path_scores(tree: DraftTree, table: LogitsTable) -> list[np.float32]:
+    """Every node's estimated path probability, computed as the core does: in float32, the
+    parent's score times the table's probability of the node's token in the parent's row."""
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    scores = [np.float32(1.0)] * len(tokens)
+    for i in range(1, len(tokens)):
+        row = table.row(tokens[parents[i]]).tolist()
+        edge = table.row_probs(tokens[parents[i]])[row.index(tokens[i])]
+        scores[i] = np.float32(scores[parents[i]] * np.float32(edge))
+    return scores
+
+
+def check_min_score_pruning(full: DraftTree, pruned: DraftTree, table: LogitsTable, min_score: float) -> None:
+    """``pruned`` holds exactly the nodes of the unpruned ``full`` tree scoring at least
+    ``min_score``: none below it (each was checked) and every one at or above it (kept)."""
+    threshold = np.float32(min_score)
+    for score in f32_path_scores(pruned, table)[1:]:
+        assert score >= threshold
+    full_paths = tree_paths(full.tokens, full.parents)
+    above = {path for path, score in zip(full_paths, f32_path_scores(full, table), strict=True) if score >= threshold}
+    assert set(tree_paths(pruned.tokens, pruned.parents)) == above
+
+
+def random_scored_table(seed: int, vocab: int = 10, k: int = 3) -> LogitsTable:
     rng = np.random.default_rng(seed)
-    vocab, k = 10, 3
     table = LogitsTable(vocab, k)
     ids = np.stack([rng.choice(vocab, size=k, replace=False) for _ in range(vocab)]).astype(np.int32)
     probs = np.sort(rng.dirichlet(np.ones(k + 1), size=vocab)[:, :k], axis=1)[:, ::-1]
     table.update(np.arange(vocab, dtype=np.int32), ids, np.ascontiguousarray(probs, dtype=np.float32))
+    return table
+
+
+@given(st.integers(0, 2**32 - 1), st.floats(0.0, 0.5))
+def test_min_score_prunes_exactly_the_unlikely_nodes(seed, min_score):
+    table = random_scored_table(seed)
     a = Automaton(ngram=4, capacity=1000)
     full = build_draft_tree(a, table, 0, 40, use_retrieval=False, scored=True)
     pruned = build_draft_tree(a, table, 0, 40, use_retrieval=False, scored=True, min_score=min_score)
-    tokens, parents = pruned.tokens.tolist(), pruned.parents.tolist()
-    score = [1.0] * len(tokens)
-    for i in range(1, len(tokens)):
-        row = table.row(tokens[parents[i]]).tolist()
-        score[i] = score[parents[i]] * float(table.row_probs(tokens[parents[i]])[row.index(tokens[i])])
-        assert score[i] >= min_score - 1e-6
-    # The pruned tree is a best-first prefix of the full one.
-    assert set(tree_paths(tokens, parents)) <= set(tree_paths(full.tokens, full.parents))
+    check_min_score_pruning(full, pruned, table, min_score)
+
+
+def test_min_score_check_rejects_trees_missing_likely_nodes():
+    """The check above can fail: a tree of just the root, or one that lost a likely leaf, is
+    rejected (a one-directional check accepted both)."""
+    table = random_scored_table(seed=1)
+    a = Automaton(ngram=4, capacity=1000)
+    full = build_draft_tree(a, table, 0, 40, use_retrieval=False, scored=True)
+    min_score = 0.05
+    pruned = build_draft_tree(a, table, 0, 40, use_retrieval=False, scored=True, min_score=min_score)
+    check_min_score_pruning(full, pruned, table, min_score)
+    assert 2 < len(pruned) < len(full)  # the threshold keeps some nodes and drops others
+    with pytest.raises(AssertionError):
+        check_min_score_pruning(full, DraftTree.chain([0]), table, min_score)
+    keep = len(pruned) - 1  # BFS order: the last node is a leaf
+    lost_leaf = DraftTree(pruned.tokens[:keep], pruned.parents[:keep])
+    with pytest.raises(AssertionError):
+        check_min_score_pruning(full, lost_leaf, table, min_score)
