@@ -115,20 +115,54 @@ def test_kv_compaction_check_detects_a_wrong_gather() -> None:
         _assert_cache_equal(verifier.cache, expected)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.7])
-@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
-def test_cache_after_decode_steps_equals_fresh_forward(family: str, temperature: float) -> None:
-    model = tiny_model(family, seed=2, sharpen=4.0)
-    verifier = TreeVerifier(model)
+class SwappingVerifier(TreeVerifier):
+    """A deliberately wrong compaction: from its ``fail_at``-th commit of three or more rows on,
+    the last two accepted rows are gathered in swapped order."""
+
+    def __init__(self, model: torch.nn.Module, fail_at: int) -> None:
+        super().__init__(model)
+        self.fail_at = fail_at
+        self.long_commits = 0
+
+    def commit(self, path: np.ndarray) -> None:
+        if len(path) >= 3:
+            self.long_commits += 1
+            if self.long_commits >= self.fail_at:
+                path = np.concatenate([path[:-2], path[-1:], path[-2:-1]])
+        super().commit(path)
+
+
+def decode_checking_the_cache(
+    model: torch.nn.Module, verifier: TreeVerifier, temperature: float, new_tokens: int = 80
+) -> int:
+    """Decode with RACER, comparing the KV cache with a fresh forward of the committed
+    context after every step; returns the number of steps that gathered drafted rows."""
     drafter = make_drafter("racer", model)
     generator = torch.Generator().manual_seed(0)
     loop = DecodeLoop(verifier, drafter, SamplingConfig(temperature=temperature), 16, (), generator, None)
-    state = loop.prefill(np.asarray(REPEATING_PROMPT, dtype=np.int32), max_new_tokens=80)
-    while sum(length > 1 for length in state.accepted_lengths) < 3 and state.generated < 60:
+    state = loop.prefill(np.asarray(REPEATING_PROMPT, dtype=np.int32), max_new_tokens=new_tokens)
+    while not state.finished:
         loop.step(state)
-    assert sum(length > 1 for length in state.accepted_lengths) >= 3  # steps really gathered drafted rows
-    _, expected = _fresh_forward(model, state.context[: state.length].tolist())
-    _assert_cache_equal(verifier.cache, expected)
+        if not state.finished:  # the finishing step commits nothing to the cache
+            _, expected = _fresh_forward(model, state.context[: state.length].tolist())
+            _assert_cache_equal(verifier.cache, expected)
+    return sum(length > 1 for length in state.accepted_lengths)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_cache_after_every_decode_step_equals_fresh_forward(family: str, temperature: float) -> None:
+    model = tiny_model(family, seed=2, sharpen=4.0)
+    multi_token_steps = decode_checking_the_cache(model, TreeVerifier(model), temperature)
+    assert multi_token_steps >= 8  # many steps really gathered drafted rows
+
+
+def test_a_compaction_going_wrong_after_many_steps_fails_the_same_check() -> None:
+    model = tiny_model("qwen2", seed=2, sharpen=4.0)
+    verifier = SwappingVerifier(model, fail_at=5)
+    with pytest.raises(AssertionError):
+        decode_checking_the_cache(model, verifier, temperature=0.0)
+    assert verifier.long_commits == 5  # the check caught it at the first wrong step, not before
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "phi"])
