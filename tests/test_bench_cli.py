@@ -118,7 +118,7 @@ def test_bench_writes_table_json_and_plots(tiny_model, data_file, tmp_path, caps
     assert code == 0, stderr
     for name in ("speedup.png", "mat.png", "acceptance_vs_position.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
-    assert report is not None and report["schema_version"] == 1 and report["ok"] is True
+    assert report is not None and report["schema_version"] == 2 and report["ok"] is True
     assert report["mismatches"] == []
 
     config = report["config"]
@@ -205,23 +205,14 @@ def install_wrong_pld(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(racer_rs.generation, "generate", lossy_generate)
 
 
-def test_greedy_mismatch_is_flagged_and_exits_non_zero(tiny_model, data_file, tmp_path, capsys, monkeypatch):
+def test_greedy_mismatch_is_flagged_and_exits_non_zero(tiny_model, tmp_path, capsys, monkeypatch):
     install_wrong_pld(monkeypatch)
     out = tmp_path / "out"
+    data_file = tmp_path / "one.jsonl"
+    data_file.write_text(json.dumps(ROWS[0]) + "\n", encoding="utf-8")
     code, stdout, stderr, report = run_bench(
         capsys,
-        bench_args(
-            tiny_model,
-            data_file,
-            out,
-            "--methods",
-            "ar,pld",
-            "--temperature",
-            "0",
-            "--no-plots",
-            "--limit",
-            "1",
-        ),
+        bench_args(tiny_model, data_file, out, "--methods", "ar,pld", "--temperature", "0", "--no-plots"),
     )
     assert code == 1
     assert report is not None and report["ok"] is False
@@ -329,7 +320,7 @@ def test_bad_bench_input_is_a_one_line_error(tiny_model, data_file, tmp_path, ca
 
 def test_missing_model_and_data_are_one_line_errors(data_file, tmp_path, capsys):
     code, _, err, _ = run_bench(capsys, bench_args(tmp_path / "absent", data_file, tmp_path / "out"))
-    assert_one_line_error(code, err, "--model path not found")
+    assert_one_line_error(code, err, "--model: model not found")
     code, _, err, _ = run_bench(capsys, bench_args(tmp_path, tmp_path / "absent.jsonl", tmp_path / "out"))
     assert_one_line_error(code, err, "data file not found")
 
@@ -349,7 +340,7 @@ def test_draft_model_methods_get_the_draft_model(tiny_model, data_file, tmp_path
 def test_missing_draft_model_is_a_one_line_error(tiny_model, data_file, tmp_path, capsys):
     argv = bench_args(tiny_model, data_file, tmp_path / "out", "--methods", "tts")
     code, _, err, _ = run_bench(capsys, [*argv, "--draft-model", str(tmp_path / "no-draft")])
-    assert_one_line_error(code, err, "--draft-model path not found")
+    assert_one_line_error(code, err, "--draft-model: model not found")
 
 
 def test_default_capacity_is_smaller_on_a_cpu(tiny_model: Path, data_file: Path, tmp_path: Path) -> None:
@@ -360,3 +351,53 @@ def test_default_capacity_is_smaller_on_a_cpu(tiny_model: Path, data_file: Path,
     assert main(argv) == 0
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert report["config"]["capacity"] == 16
+
+
+def test_transformers_peers_run_in_the_same_benchmark(tiny_model, data_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = bench_args(tiny_model, data_file, out, "--methods", "hf,hf_pld,hf_assisted,pld", "--no-plots")
+    code, stdout, stderr, report = run_bench(capsys, [*argv, "--draft-model", str(tiny_model)])
+    assert code == 0, stderr
+    assert report["config"]["methods"] == ["ar", "hf", "hf_pld", "hf_assisted", "pld"]
+    records = report["records"]
+    for record in records:
+        assert 1 <= record["new_tokens"] <= 8
+        if record["setting"] == "greedy" and record["method"] != "ar":
+            assert record["mismatch"] is False, record["method"]  # transformers' greedy == ours
+        if record["method"] in ("hf", "hf_pld"):  # read from the target's cache at each forward
+            assert sum(record["accepted_lengths"]) == record["new_tokens"] == len(record["tokens"])
+            assert record["steps"] == len(record["accepted_lengths"])
+            assert 0 < record["prefill_s"] <= record["wall_s"]
+        if record["method"] == "hf":
+            assert set(record["accepted_lengths"]) == {1}
+    for setting in ("greedy", "T=0.8,top_p=0.95"):
+        overall = report["summary"][setting]["overall"]
+        assert overall["hf"]["speedup_vs_hf"] == pytest.approx(1.0)
+        assert overall["pld"]["speedup_vs_hf"] == pytest.approx(
+            overall["hf"]["ms_per_token"] / overall["pld"]["ms_per_token"]
+        )
+    # The repeating completion prompt gives prompt lookup drafts that the target accepts.
+    pld_greedy = [r for r in records if r["method"] == "hf_pld" and r["setting"] == "greedy"]
+    assert max(r["mat"] for r in pld_greedy) > 1.0
+    assert "vs hf" in stdout
+
+
+def test_peer_step_lengths_come_from_the_cache_length_at_each_forward():
+    from racer_rs.hf_peers import accepted_lengths
+
+    # Prompt of 5, plain decoding of 4 tokens: prefill, then 3 decode forwards, then the last token.
+    assert accepted_lengths([0, 5, 6, 7], prompt_length=5, new_tokens=4) == [1, 1, 1, 1]
+    # Prompt lookup: the second decode forward accepted 3 drafts (cache jumps from 6 to 10).
+    assert accepted_lengths([0, 5, 6, 10], prompt_length=5, new_tokens=8) == [1, 4, 2, 1]
+    assert accepted_lengths([0], prompt_length=5, new_tokens=1) == [1]  # the prefill's token only
+    assert accepted_lengths([0, -1, -1], prompt_length=5, new_tokens=3) == []  # no cache to read
+    assert accepted_lengths([0, 5, 5], prompt_length=5, new_tokens=3) == []  # inconsistent: not guessed
+
+
+def test_peers_reject_method_options_and_need_a_draft_for_assisted(tiny_model, data_file, tmp_path, capsys):
+    argv = bench_args(tiny_model, data_file, tmp_path / "out", "--methods", "hf_assisted")
+    code, _, err, _ = run_bench(capsys, argv)
+    assert_one_line_error(code, err, "hf_assisted", "need a draft model", "--draft-model")
+    argv = bench_args(tiny_model, data_file, tmp_path / "out", "--methods", "hf", "--option", "hf.breadth=4")
+    code, _, err, _ = run_bench(capsys, argv)
+    assert_one_line_error(code, err, "hf", "takes no options")

@@ -206,18 +206,36 @@ def test_every_shared_and_shipped_prompt_file_loads():
             assert len(multi) == 80 and all(len(q.turns) == 2 for q in multi)
 
 
-def test_limit_applies_per_file(tmp_path):
+def test_limit_applies_per_group_of_each_file(tmp_path):
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     for path in (first, second):
-        rows = [{"question_id": i, "category": path.stem, "turns": [f"q{i}"]} for i in range(5)]
+        rows = [{"question_id": i, "category": f"{path.stem}{i % 2}", "turns": [f"q{i}"]} for i in range(6)]
         path.write_text("\n".join(json.dumps(row) for row in rows) + "\n\n", encoding="utf-8")
     questions = load_benchmark([first, second], limit=2)
     assert [(q.category, q.question_id, q.line) for q in questions] == [
-        ("a", 0, 1),
-        ("a", 1, 2),
-        ("b", 0, 1),
-        ("b", 1, 2),
+        ("a0", 0, 1),
+        ("a0", 2, 3),
+        ("a1", 1, 2),
+        ("a1", 3, 4),
+        ("b0", 0, 1),
+        ("b0", 2, 3),
+        ("b1", 1, 2),
+        ("b1", 3, 4),
     ]
+    assert len(load_benchmark([first], limit=None)) == 6
+
+
+def test_multi_turn_group_alternates_between_its_categories():
+    spec_bench = Path(__file__).resolve().parents[1] / "data" / "spec_bench.jsonl"
+    questions = load_benchmark([spec_bench], limit=3)
+    groups = [q.category for q in questions]
+    assert groups == [g for g in dict.fromkeys(groups) for _ in range(3)]
+    assert list(dict.fromkeys(groups)) == [
+        MULTI_TURN_CATEGORY, "translation", "summarization", "qa", "math_reasoning", "rag"
+    ]
+    multi = [q for q in questions if q.category == MULTI_TURN_CATEGORY]
+    assert [q.subcategory for q in multi] == ["writing", "roleplay", "reasoning"]
+    assert all(len(q.turns) == 2 for q in multi)
 
 
 @pytest.mark.parametrize(
@@ -255,11 +273,11 @@ def test_conversation_without_chat_template_joins_turns_and_answers(tokenizer):
 
 
 def test_shipped_defaults_resolve_from_cwd_then_repository(tmp_path, monkeypatch):
-    from racer_rs.cli import resources
+    from racer_rs import model_loading
 
     checkout = Path(__file__).resolve().parents[1]
     # An installed wheel has no checkout around it; the tests stand in for an editable install.
-    monkeypatch.setattr(resources, "repository_root", lambda: checkout)
+    monkeypatch.setattr(model_loading, "repository_root", lambda: checkout)
     monkeypatch.chdir(tmp_path)
     assert resolve_shipped("models/pycode-target-7m", "--model") == str(checkout / "models/pycode-target-7m")
     assert Path(resolve_shipped("data/code_completion.jsonl", "--data")).is_file()
@@ -267,7 +285,7 @@ def test_shipped_defaults_resolve_from_cwd_then_repository(tmp_path, monkeypatch
     assert resolve_shipped("models/pycode-target-7m", "--model") == str(tmp_path / "models/pycode-target-7m")
     with pytest.raises(CLIError, match="default --model 'models/nothing-here' not found"):
         resolve_shipped("models/nothing-here", "--model")
-    monkeypatch.setattr(resources, "repository_root", lambda: None)
+    monkeypatch.setattr(model_loading, "repository_root", lambda: None)
     with pytest.raises(CLIError, match="default --data 'data/code_completion.jsonl' not found"):
         resolve_shipped("data/code_completion.jsonl", "--data")
 
@@ -288,7 +306,7 @@ def test_missing_model_path_is_a_one_line_error(tmp_path, capsys):
     code, _, err = run_cli(
         capsys, "generate", "--model", str(tmp_path / "absent"), "--prompt", "x", "--method", "ar"
     )
-    assert_one_line_error(code, err, "--model path not found", str(tmp_path / "absent"))
+    assert_one_line_error(code, err, "--model: model not found", str(tmp_path / "absent"))
 
 
 def test_unknown_method_is_a_one_line_error(tiny_model, capsys):
@@ -330,7 +348,8 @@ def test_python_dash_m_exits_with_code_2_on_a_missing_model(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"racer: error: --model path not found: {missing}"]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"racer: error: --model: model not found: {missing} ")
 
 
 def test_python_dash_m_generate_prints_plain_text_into_a_pipe(tiny_model):

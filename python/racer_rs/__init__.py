@@ -1,7 +1,8 @@
 """racer_rs: fast, lossless, training-free speculative decoding with a Rust core.
 
 ``import racer_rs`` loads only the Rust core and numpy. The model layer
-(:func:`racer_rs.generate`) imports torch and transformers on first use.
+(:func:`racer_rs.generate`, :func:`racer_rs.load_model`) imports torch and transformers on
+first use.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from racer_rs._native import (
 
 if TYPE_CHECKING:
     from racer_rs.generation import GenerationResult, generate
+    from racer_rs.model_loading import load_model, resolve_model
 
 __all__ = [
     "Automaton",
@@ -28,14 +30,23 @@ __all__ = [
     "__version__",
     "build_draft_tree",
     "generate",
+    "load_model",
     "prompt_lookup",
+    "resolve_model",
 ]
+
+_LAZY = {
+    "generate": "racer_rs.generation",
+    "GenerationResult": "racer_rs.generation",
+    "load_model": "racer_rs.model_loading",
+    "resolve_model": "racer_rs.model_loading",
+}
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: the model layer needs torch, which `import racer_rs` must not pull in.
-    if name in ("generate", "GenerationResult"):
-        from racer_rs import generation
+    if name in _LAZY:
+        import importlib
 
-        return getattr(generation, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'racer_rs' has no attribute {name!r}")

@@ -280,6 +280,10 @@ class TreeVerifier:
                 layer.keys[:, :, start : start + accepted] = layer.keys.index_select(2, rows)
                 layer.values[:, :, start : start + accepted] = layer.values.index_select(2, rows)
         self.length = start + accepted
+        self.discard_uncommitted()
+
+    def discard_uncommitted(self) -> None:
+        """Drop every cached row after the committed prefix (e.g. an unused tree's)."""
         surplus = self.cache.get_seq_length() - self.length
         if surplus > 0:
             self.cache.crop(-surplus)

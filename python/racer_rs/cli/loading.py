@@ -1,41 +1,35 @@
 """Loading a model and its tokenizer for the command line, with one-line errors.
 
-torch and transformers are imported here, inside functions, so that ``racer --help`` and input
-validation stay fast and ``import racer_rs.cli`` does not pull them in.
+Model specs are resolved by :mod:`racer_rs.model_loading` (short names, checkpoint folders,
+``.gguf`` files); this module turns its errors into :class:`CLIError`. torch and transformers are
+imported inside functions, so that ``racer --help`` and input validation stay fast.
 """
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 from racer_rs.cli.errors import CLIError, one_line
+from racer_rs.extras import MissingDependencyError
+from racer_rs.model_loading import DTYPES, ModelSource, ModelSpecError
 
-DTYPES = ("float32", "bfloat16", "float16")
-# "org/name" or "name": what a hub id looks like; anything else is treated as a local path.
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+__all__ = ["DTYPES", "check_model", "eos_token_ids", "load_model", "resolve_device"]
 
 
-def check_model_path(path: str, what: str = "--model") -> None:
-    """Fail fast on a local model path that does not exist (before importing torch).
-
-    A string that looks like a hub id (``org/name``) and is not a local folder is left for
-    transformers to fetch when the user has network.
+def check_model(spec: str, what: str = "--model") -> ModelSource:
+    """Resolve a model spec and check the packages loading it needs, before any work starts.
 
     Raises:
-        CLIError: ``path`` names a local location that does not exist or is not a folder.
+        CLIError: the spec names nothing loadable, or a package or extra is missing.
     """
-    local = Path(path).expanduser()
-    if local.exists():
-        if not local.is_dir():
-            raise CLIError(f"{what} {path!r} is not a model folder")
-        return
-    # "models/typo" next to an existing "models/" folder is a local path, not a hub id.
-    parent = Path(path).parent
-    looks_local = path.startswith((".", "/", "~")) or (parent != Path(".") and parent.is_dir())
-    if looks_local or not _HUB_ID.match(path):
-        raise CLIError(f"{what} path not found: {path}")
+    from racer_rs import model_loading
+
+    try:
+        source = model_loading.resolve_model(spec)
+        model_loading.check_dependencies(source)
+    except (ModelSpecError, MissingDependencyError) as exc:
+        raise CLIError(f"{what}: {one_line(exc)}") from None
+    return source
 
 
 def resolve_device(device: str) -> str:
@@ -53,43 +47,36 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load_model(path: str, dtype: str, device: str, what: str = "--model") -> Any:
-    """Load a causal LM in eval mode on ``device``.
+def load_model(spec: str, dtype: str, device: str, what: str = "--model") -> tuple[Any, Any]:
+    """Load a causal LM (eval mode, on ``device``) and its tokenizer.
 
     Args:
-        path: Local folder or hub id.
+        spec: A short name, checkpoint folder, ``.gguf`` file or hub id.
         dtype: One of :data:`DTYPES`.
         device: A torch device string (already resolved).
-        what: The option the path came from, for error messages.
+        what: The option the spec came from, for error messages.
 
     Raises:
         CLIError: The model cannot be loaded.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
+    import sys
+
     from transformers.utils import logging as hf_logging
 
-    check_model_path(path, what)
+    from racer_rs import gguf_cache, model_loading
+
+    source = check_model(spec, what)
+    if source.kind == "gguf" and gguf_cache.cached_entry(source.location) is None:
+        print(
+            f"racer: converting {source.location} to float weights once "
+            f"(cached in {gguf_cache.cache_root()}; later loads take seconds)",
+            file=sys.stderr,
+        )
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:
-        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    except (OSError, ValueError, KeyError) as exc:
-        raise CLIError(f"cannot load model {path!r} ({what}): {one_line(exc)}") from None
-    return model.to(device).eval()
-
-
-def load_tokenizer(path: str) -> Any:
-    """Load the tokenizer stored with a model.
-
-    Raises:
-        CLIError: The tokenizer cannot be loaded.
-    """
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, KeyError) as exc:
-        raise CLIError(f"cannot load the tokenizer of {path!r}: {one_line(exc)}") from None
+        return model_loading.load_model(spec, dtype=dtype, device=device)
+    except (ModelSpecError, MissingDependencyError, ValueError) as exc:
+        raise CLIError(f"{what}: {one_line(exc)}") from None
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> list[int] | None:

@@ -17,9 +17,11 @@ from typing import Any
 
 from racer_rs.cli.runner import Record
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 OVERALL = "overall"
 BASELINE = "ar"
+#: transformers' own generate: a second baseline, what a user switching from transformers gains.
+HF_BASELINE = "hf"
 
 
 def _summarise(records: Sequence[Record]) -> dict[str, Any]:
@@ -47,8 +49,9 @@ def summarise(records: Sequence[Record], methods: Sequence[str]) -> dict[str, An
 
     Returns:
         ``{setting: {category: {method: metrics}}}`` where metrics hold ``mat``,
-        ``ms_per_token``, ``speedup``, ``decode_ms_per_token``, ``decode_speedup``, token and
-        step counts and the number of greedy mismatches against ``ar``.
+        ``ms_per_token``, ``speedup`` (over ``ar``), ``speedup_vs_hf`` (over transformers'
+        ``generate``, NaN when ``hf`` did not run), ``decode_ms_per_token``, ``decode_speedup``,
+        ``tokens_per_s``, token and step counts and the number of greedy mismatches against ``ar``.
     """
     summary: dict[str, Any] = {}
     for setting in dict.fromkeys(r.setting for r in records):
@@ -58,10 +61,11 @@ def summarise(records: Sequence[Record], methods: Sequence[str]) -> dict[str, An
         for category in categories:
             rows = [r for r in in_setting if category in (OVERALL, r.category)]
             per_method = {m: _summarise([r for r in rows if r.method == m]) for m in methods}
-            base = per_method.get(BASELINE)
+            base, hf = per_method.get(BASELINE), per_method.get(HF_BASELINE)
             for metrics in per_method.values():
                 metrics["speedup"] = _ratio(base, metrics, "ms_per_token")
                 metrics["decode_speedup"] = _ratio(base, metrics, "decode_ms_per_token")
+                metrics["speedup_vs_hf"] = _ratio(hf, metrics, "ms_per_token")
             per_category[category] = per_method
         summary[setting] = per_category
     return summary
@@ -82,8 +86,10 @@ TABLE_HEADER = (
     "category",
     "method",
     "MAT",
+    "tok/s",
     "ms/tok",
     "speedup",
+    "vs hf",
     "dec ms/tok",
     "dec speedup",
     "tokens",
@@ -99,6 +105,10 @@ def _check_cell(setting: str, method: str, metrics: dict[str, Any]) -> str:
     if metrics["mismatches"]:
         return f"MISMATCH {metrics['mismatches']}/{metrics['checked']}"
     return "ok"
+
+
+def _times(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f}x"
 
 
 def _render_rows(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -126,8 +136,10 @@ def format_table(summary: dict[str, Any], methods: Sequence[str]) -> str:
                         category if position == 0 else "",
                         method,
                         f"{m['mat']:.2f}",
+                        f"{m['tokens_per_s']:.1f}",
                         f"{m['ms_per_token']:.2f}",
                         f"{m['speedup']:.2f}x",
+                        _times(m["speedup_vs_hf"]),
                         f"{m['decode_ms_per_token']:.2f}",
                         f"{m['decode_speedup']:.2f}x",
                         str(m["new_tokens"]),

