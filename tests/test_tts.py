@@ -25,7 +25,10 @@ from racer_rs.tts.distill import (  # noqa: E402
     trainable_parameter_names,
 )
 from racer_rs.tts.worker import THREAD_NAME_PREFIX, UpdateWorker  # noqa: E402
-from tests.tiny_models import plain_greedy, seeded_llama  # noqa: E402
+from racer_rs import generation  # noqa: E402
+from racer_rs.generation import DecodeLoop  # noqa: E402
+from racer_rs.sampling import SamplingConfig, resample_node  # noqa: E402
+from tests.tiny_models import plain_greedy, plain_sampling, seeded_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -459,6 +462,42 @@ def test_racer_tts_greedy_output_equals_plain_greedy(pair, options: dict) -> Non
         assert result.mat > 1.0
         if options.get("adapt", True):
             assert result.extras["tts_updates"] > 0
+
+
+class ResampleAfterMismatchLoop(DecodeLoop):
+    """A lossy walk: after a mismatch, emit a fresh sample instead of the mismatching one."""
+
+    def _walk(self, state, tree, logits, predicted, valid):  # type: ignore[no-untyped-def]
+        path, _ = super()._walk(state, tree, logits, predicted, valid)
+        return path, resample_node(logits[path[-1]], self.sampling, self.generator)
+
+
+def racer_tts_sampled_equals_plain_sampling(pair) -> list[bool]:  # type: ignore[no-untyped-def]
+    """For three seeds, whether racer_tts's sampled text equals plain sampling's; checks that
+    drafts were accepted and the draft was adapted, so the walk ran on adapted merged trees."""
+    target, draft = pair
+    config = SamplingConfig(temperature=0.5, top_p=0.95)
+    same = []
+    for seed in range(3):
+        expected = plain_sampling(target, PROMPT, 40, config, seed)
+        result = racer_rs.generate(
+            target, PROMPT, method="racer_tts", max_new_tokens=40, temperature=0.5, top_p=0.95, seed=seed,
+            draft_model=draft, canvas=4, capacity=16, update_every=1, lr=1e-2, asynchronous=False,
+        )
+        assert result.mat > 1.2 and result.extras["tts_updates"] > 0
+        same.append(result.tokens == expected)
+    return same
+
+
+def test_racer_tts_sampling_equals_plain_sampling(pair) -> None:  # type: ignore[no-untyped-def]
+    """The chain is drafted greedily (deterministically), so sampling is keyed by position and
+    racer_tts samples exactly plain sampling's text for a seed, while its draft adapts."""
+    assert all(racer_tts_sampled_equals_plain_sampling(pair))
+
+
+def test_racer_tts_sampling_with_a_lossy_walk_fails_the_same_check(pair, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(generation, "DecodeLoop", ResampleAfterMismatchLoop)
+    assert not all(racer_tts_sampled_equals_plain_sampling(pair))
 
 
 def test_chain_nodes_finds_the_chain_in_a_merged_tree() -> None:
