@@ -401,3 +401,65 @@ def test_peers_reject_method_options_and_need_a_draft_for_assisted(tiny_model, d
     argv = bench_args(tiny_model, data_file, tmp_path / "out", "--methods", "hf", "--option", "hf.breadth=4")
     code, _, err, _ = run_bench(capsys, argv)
     assert_one_line_error(code, err, "hf", "takes no options")
+
+
+def _record(method: str, tokens: list[int], prompt: list[int], turn: int = 0) -> Any:
+    from racer_rs.cli.runner import Record
+
+    return Record(
+        setting="greedy", question_index=0, question_id=0, category="c", source="s", turn=turn,
+        method=method, seed=0, prompt_tokens=len(prompt), new_tokens=len(tokens), steps=len(tokens),
+        mat=1.0, wall_s=1.0, prefill_s=0.0, decode_s=1.0, wall_s_repeats=[1.0], timings={},
+        accepted_lengths=[1] * len(tokens), positions=list(range(len(tokens))), tokens=tokens,
+        prompt_ids=prompt,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_mismatches_are_near_ties_only_within_rounding(dtype):
+    from racer_rs.cli.report import mismatched_records
+    from racer_rs.cli.runner import _check_against_ar
+    from tests.tiny_models import plain_greedy, tiny_model
+
+    model = tiny_model("llama", seed=3)
+    prompt = [5, 9, 33, 2]
+    top = plain_greedy(model, prompt, 3)[2]
+    twin = 9 if top != 9 else 10
+    with torch.no_grad():  # the twin gets exactly the logit of a token that is on top somewhere
+        model.lm_head.weight[twin] = model.lm_head.weight[top]
+    model = model.to(dtype)
+    ar = plain_greedy(model, prompt, 4)
+    index = next(i for i, token in enumerate(ar) if token in (top, twin))
+    tied, wrong = list(ar), list(ar)
+    tied[index] = top if ar[index] == twin else twin  # the other half of an exact tie
+    wrong[index] = min(set(range(20)) - {top, twin, ar[index]})  # far below the top, surely
+    records = [_record("ar", ar, prompt), _record("tied", tied, prompt), _record("wrong", wrong, prompt)]
+    _check_against_ar(records, model)
+    by_method = {r.method: r for r in records}
+    assert by_method["tied"].mismatch and by_method["tied"].near_tie and by_method["tied"].tie_gap == 0.0
+    assert by_method["wrong"].mismatch and by_method["wrong"].near_tie is False
+    assert by_method["wrong"].tie_gap > by_method["wrong"].tie_tolerance > 0
+    assert mismatched_records(records) == [by_method["wrong"]]
+    # In float32 no mismatch is excused: outputs must agree exactly.
+    for record in records:
+        record.near_tie = None
+    _check_against_ar(records, model.float())
+    assert by_method["tied"].mismatch and by_method["tied"].near_tie is None
+    assert len(mismatched_records(records)) == 2
+
+
+def test_a_later_turn_after_a_differing_answer_is_not_compared():
+    from racer_rs.cli.runner import _check_against_ar
+    from tests.tiny_models import tiny_model
+
+    model = tiny_model("llama")
+    records = [
+        _record("ar", [1, 2], [3, 4], turn=0),
+        _record("ar", [5, 6], [3, 4, 1, 2, 8], turn=1),
+        _record("pld", [1, 9], [3, 4], turn=0),
+        _record("pld", [5, 6], [3, 4, 1, 9, 8], turn=1),  # its own answer fed back: another prompt
+    ]
+    _check_against_ar(records, model)
+    assert [(r.method, r.turn, r.mismatch) for r in records] == [
+        ("ar", 0, None), ("ar", 1, None), ("pld", 0, True), ("pld", 1, None)
+    ]

@@ -293,6 +293,14 @@ def _run(args: argparse.Namespace) -> int:
         written += write_plots(summary, records, methods, config.max_new_tokens, out)
     print("wrote " + ", ".join(str(p) for p in written))
 
+    ties = [r for r in records if r.mismatch and r.near_tie]
+    if ties:
+        worst = max(abs(r.tie_gap or 0.0) / (r.tie_tolerance or 1.0) for r in ties)
+        print(
+            f"racer: note: {len(ties)} greedy output(s) part from ar at near-ties within {args.dtype} rounding "
+            f"(top-2 gap at most {worst:.2f}x the tolerance); listed under near_ties in {json_path}",
+            file=sys.stderr,
+        )
     mismatches = mismatched_records(records)
     if mismatches:
         for record in mismatches:

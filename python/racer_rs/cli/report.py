@@ -39,7 +39,8 @@ def _summarise(records: Sequence[Record]) -> dict[str, Any]:
         "ms_per_token": 1000.0 * wall / tokens if tokens else math.nan,
         "decode_ms_per_token": 1000.0 * decode / tokens if tokens else math.nan,
         "tokens_per_s": tokens / wall if wall > 0 else math.nan,
-        "mismatches": sum(1 for r in records if r.mismatch),
+        "mismatches": sum(1 for r in records if r.real_mismatch),
+        "near_ties": sum(1 for r in records if r.mismatch and r.near_tie),
         "checked": sum(1 for r in records if r.mismatch is not None),
     }
 
@@ -51,7 +52,8 @@ def summarise(records: Sequence[Record], methods: Sequence[str]) -> dict[str, An
         ``{setting: {category: {method: metrics}}}`` where metrics hold ``mat``,
         ``ms_per_token``, ``speedup`` (over ``ar``), ``speedup_vs_hf`` (over transformers'
         ``generate``, NaN when ``hf`` did not run), ``decode_ms_per_token``, ``decode_speedup``,
-        ``tokens_per_s``, token and step counts and the number of greedy mismatches against ``ar``.
+        ``tokens_per_s``, token and step counts, the number of greedy mismatches against ``ar``
+        that rounding does not explain (``mismatches``) and of half-precision near-ties.
     """
     summary: dict[str, Any] = {}
     for setting in dict.fromkeys(r.setting for r in records):
@@ -78,8 +80,8 @@ def _ratio(base: dict[str, Any] | None, metrics: dict[str, Any], key: str) -> fl
 
 
 def mismatched_records(records: Sequence[Record]) -> list[Record]:
-    """The greedy records whose tokens differ from ar's."""
-    return [r for r in records if r.mismatch]
+    """The greedy records whose tokens differ from ar's where rounding does not explain it."""
+    return [r for r in records if r.real_mismatch]
 
 
 TABLE_HEADER = (
@@ -104,6 +106,8 @@ def _check_cell(setting: str, method: str, metrics: dict[str, Any]) -> str:
         return "-"  # sampling: outputs are not comparable token by token
     if metrics["mismatches"]:
         return f"MISMATCH {metrics['mismatches']}/{metrics['checked']}"
+    if metrics["near_ties"]:
+        return f"near-tie {metrics['near_ties']}/{metrics['checked']}"
     return "ok"
 
 
@@ -190,6 +194,19 @@ def build_report(
                     "first_mismatch": r.first_mismatch,
                 }
                 for r in mismatches
+            ],
+            "near_ties": [
+                {
+                    "setting": r.setting,
+                    "question_id": r.question_id,
+                    "turn": r.turn,
+                    "method": r.method,
+                    "first_mismatch": r.first_mismatch,
+                    "gap": r.tie_gap,
+                    "tolerance": r.tie_tolerance,
+                }
+                for r in records
+                if r.mismatch and r.near_tie
             ],
             "ok": not mismatches,
             "records": [_record_dict(r) for r in records],

@@ -107,8 +107,20 @@ class Record:
     positions: list[int]
     tokens: list[int]
     extras: dict[str, Any] = field(default_factory=dict)
-    mismatch: bool | None = None  # None: not checked (sampling, or this is ar itself)
+    prompt_ids: list[int] = field(default_factory=list)
+    # None: not checked (sampling, ar itself, or an earlier turn gave this method another prompt).
+    mismatch: bool | None = None
     first_mismatch: int | None = None
+    # Half precision only: a mismatch at two tokens whose top-2 gap is within the dtype's rounding
+    # (see racer_rs.precision), with that gap (ar's token minus this method's) and the tolerance.
+    near_tie: bool | None = None
+    tie_gap: float | None = None
+    tie_tolerance: float | None = None
+
+    @property
+    def real_mismatch(self) -> bool:
+        """A greedy mismatch that rounding does not explain."""
+        return bool(self.mismatch) and not self.near_tie
 
 
 ProgressHook = Callable[[Record], None]
@@ -213,7 +225,7 @@ class BenchmarkRunner:
                         if progress is not None:
                             progress(record)
                 if setting.greedy:
-                    _check_against_ar(question_records)
+                    _check_against_ar(question_records, self.model)
                 records.extend(question_records)
         return records
 
@@ -321,20 +333,37 @@ class BenchmarkRunner:
                     positions=[int(p) for p in result.positions],
                     tokens=[int(t) for t in result.tokens],
                     extras=dict(result.extras),
+                    prompt_ids=list(prompt),
                 )
             )
             answers.append(self.tokenizer.decode(result.tokens, skip_special_tokens=True))
         return records
 
 
-def _check_against_ar(records: list[Record]) -> None:
-    """Mark every record of one question whose tokens differ from ar's for the same turn."""
-    reference = {r.turn: r.tokens for r in records if r.method == "ar"}
+def _check_against_ar(records: list[Record], model: Any) -> None:
+    """Mark every record of one question whose tokens differ from ar's for the same turn.
+
+    A turn is compared only when the method got ar's prompt (a later turn of a method whose
+    earlier answer differed has another conversation). In half precision a mismatch is
+    classified as a near-tie or not (:func:`racer_rs.precision.divergence_gap`).
+    """
+    import torch
+
+    half = next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+    reference = {r.turn: r for r in records if r.method == "ar"}
     for record in records:
-        if record.method == "ar" or record.turn not in reference:
+        ar = reference.get(record.turn)
+        if record.method == "ar" or ar is None or record.prompt_ids != ar.prompt_ids:
             continue
-        record.first_mismatch = first_difference(record.tokens, reference[record.turn])
+        record.first_mismatch = first_difference(record.tokens, ar.tokens)
         record.mismatch = record.first_mismatch is not None
+        index = record.first_mismatch
+        if half and index is not None and index < min(len(record.tokens), len(ar.tokens)):
+            from racer_rs.precision import divergence_gap
+
+            prefix = ar.prompt_ids + ar.tokens[:index]
+            gap, tolerance = divergence_gap(model, prefix, ar.tokens[index], record.tokens[index])
+            record.near_tie, record.tie_gap, record.tie_tolerance = abs(gap) <= tolerance, gap, tolerance
 
 
 def _device_synchronizer(model: Any) -> Callable[[], None]:

@@ -1,0 +1,159 @@
+"""bfloat16 against float32 on this machine: speed, and where greedy outputs part.
+
+Three measurements on the same model:
+
+1. rounding noise: at ``--noise-positions`` decode positions, the top-2 logit gap of the same
+   position computed by a one-token forward and by a 16-node tree forward (the two paths the
+   engine mixes), in each half dtype; its largest change in ulps backs
+   ``racer_rs.precision.NEAR_TIE_ULPS``;
+2. speed: greedy decoding with every method in float32 and bfloat16, for each thread count,
+   interleaved per question (dtype and method order rotate), tokens/s and the bf16/fp32 ratio;
+3. divergence: every bfloat16 method's greedy output against bfloat16 ``ar``; at each first
+   divergence the reference top-2 gap against the near-tie tolerance.
+
+Example (the README's dtype table):
+    python benches/bench_dtype.py --model smollm2-135m-instruct --threads 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+import racer_rs
+from racer_rs.cli.data import load_benchmark
+from racer_rs.cli.prompting import encode_conversation
+from racer_rs.forward_cost import synthetic_tree
+from racer_rs.model_loading import load_model
+from racer_rs.precision import divergence_gap, ulp
+from racer_rs.verify import TreeVerifier
+
+REPO_DATA = "data/spec_bench.jsonl"
+
+
+def rounding_noise(model: Any, prompts: list[list[int]], positions: int) -> dict[str, float]:
+    """Change of the top-2 gap between a one-token and a 16-node tree forward, in logits and ulps."""
+    eps = float(torch.finfo(next(model.parameters()).dtype).eps)
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    shape = synthetic_tree(16, vocab)
+    changes, in_ulps = [], []
+    per_prompt = max(1, positions // len(prompts))
+    for prompt in prompts:
+        verifier = TreeVerifier(model)
+        token = int(verifier.prefill(np.asarray(prompt, dtype=np.int32)).last_logits.argmax())
+        for _ in range(per_prompt):
+            tokens = shape.tokens.copy()
+            tokens[0] = token
+            tree = racer_rs.DraftTree(tokens, shape.parents)
+            in_tree = verifier.forward_tree(tree.tokens, tree.depths, tree.attention_mask())[0].float()
+            verifier.discard_uncommitted()
+            alone = verifier.forward_tree(tokens[:1], tree.depths[:1], None)[0].float()
+            first, second = torch.topk(alone, 2).indices.tolist()
+            change = abs(float(alone[first] - alone[second]) - float(in_tree[first] - in_tree[second]))
+            changes.append(change)
+            in_ulps.append(change / ulp(float(alone[first]), eps))
+            verifier.commit(np.asarray([0]))
+            token = first
+    return {
+        "positions": len(changes),
+        "max_change": max(changes),
+        "median_change": float(np.median(changes)),
+        "max_ulps": max(in_ulps),
+        "p99_ulps": float(np.quantile(in_ulps, 0.99)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--data", default=REPO_DATA)
+    parser.add_argument("--limit", type=int, default=1, help="questions per Spec-Bench group")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--methods", default="ar,pld,token_recycling,racer,racer_scored")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--capacity", type=int, default=16)
+    parser.add_argument("--noise-positions", type=int, default=240)
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args()
+    methods = args.methods.split(",")
+
+    models = {dtype: load_model(args.model, dtype=dtype) for dtype in ("float32", "bfloat16", "float16")}
+    tokenizer = models["float32"][1]
+    eos = tokenizer.eos_token_id
+    questions = load_benchmark([args.data], args.limit)
+    prompts = [encode_conversation(tokenizer, q.turns[:1], []) for q in questions]
+    results: dict[str, Any] = {"model": args.model, "noise": {}, "speed": {}, "divergences": []}
+
+    torch.set_num_threads(1)
+    for dtype in ("bfloat16", "float16"):
+        results["noise"][dtype] = noise = rounding_noise(models[dtype][0], prompts, args.noise_positions)
+        print(
+            f"{dtype}: top-2 gap change, one-token vs 16-node tree forward, over {noise['positions']} positions: "
+            f"max {noise['max_change']:.4f} ({noise['max_ulps']:.1f} ulps), median {noise['median_change']:.4f}, "
+            f"p99 {noise['p99_ulps']:.1f} ulps",
+            flush=True,
+        )
+    del models["float16"]
+
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        seconds = {(d, m): 0.0 for d in models for m in methods}
+        tokens = {(d, m): 0 for d in models for m in methods}
+        for index, prompt in enumerate(prompts):
+            outputs: dict[tuple[str, str], list[int]] = {}
+            dtypes = list(models)[index % 2 :] + list(models)[: index % 2]
+            for dtype in dtypes:
+                for method in methods[index % len(methods) :] + methods[: index % len(methods)]:
+                    start = time.perf_counter()
+                    result = racer_rs.generate(
+                        models[dtype][0], prompt, method=method, max_new_tokens=args.max_new_tokens,
+                        eos_token_id=eos, capacity=args.capacity,
+                    )
+                    seconds[dtype, method] += time.perf_counter() - start
+                    tokens[dtype, method] += len(result.tokens)
+                    outputs[dtype, method] = result.tokens
+            if threads == args.threads[0]:
+                for dtype in models:
+                    reference = outputs[dtype, "ar"]
+                    for method in methods:
+                        mine = outputs[dtype, method]
+                        at = next((i for i, (a, b) in enumerate(zip(mine, reference)) if a != b), None)
+                        if at is None:
+                            continue
+                        gap, tolerance = divergence_gap(models[dtype][0], prompt + reference[:at], reference[at], mine[at])
+                        results["divergences"].append(
+                            {"dtype": dtype, "method": method, "question": questions[index].question_id,
+                             "category": questions[index].category, "position": at, "gap": gap, "tolerance": tolerance}
+                        )
+        speed = {f"{d}/{m}": tokens[d, m] / seconds[d, m] for d in models for m in methods}
+        results["speed"][f"{threads}t"] = speed
+        print(f"\n{threads} thread(s): tokens/s (greedy, prefill included)")
+        for method in methods:
+            fp32, bf16 = speed[f"float32/{method}"], speed[f"bfloat16/{method}"]
+            print(f"  {method:16s} float32 {fp32:6.1f}  bfloat16 {bf16:6.1f}  bf16/fp32 {bf16 / fp32:.2f}x", flush=True)
+
+    runs = len(prompts) * len(methods)
+    for dtype in models:
+        mine = [d for d in results["divergences"] if d["dtype"] == dtype]
+        within = sum(abs(d["gap"]) <= d["tolerance"] for d in mine)
+        print(f"\n{dtype}: {len(mine)} of {runs} greedy outputs part from {dtype} ar; {within} at near-ties")
+        for d in mine:
+            print(
+                f"  {d['method']:16s} q{d['question']} ({d['category']}) token {d['position']}: "
+                f"gap {d['gap']:.4f}, tolerance {d['tolerance']:.4f}"
+            )
+    print(f"\nmodel {args.model}; reproduce: python " + shlex.join(sys.argv))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

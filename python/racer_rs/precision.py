@@ -1,0 +1,56 @@
+"""When greedy outputs may differ in half precision: near-ties within the dtype's rounding.
+
+In float32 every method's greedy output equals plain decoding token for token. In bfloat16 or
+float16 a tree forward (n rows in one matmul) and a one-token forward round differently, so the
+top-2 logits of a position can swap when they are nearly tied. Measured on SmolLM2-135M-Instruct
+(``benches/bench_dtype.py``), the top-2 gap of the same position moves by at most 4 units in the
+last place (ulps) of the top logit between a one-token forward and a 16-node tree forward, in
+both half types. A divergence is explained by rounding when the reference's gap between the two
+tokens is within :data:`NEAR_TIE_ULPS` ulps: twice that measured maximum.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: Tolerance of a near-tie, in ulps of the larger of the two logits (see the module docstring).
+NEAR_TIE_ULPS = 8
+
+
+def ulp(magnitude: float, eps: float) -> float:
+    """Spacing of floating-point numbers of relative precision ``eps`` at ``magnitude``."""
+    magnitude = abs(magnitude)
+    if magnitude == 0.0 or not math.isfinite(magnitude):
+        return eps
+    return eps * 2.0 ** math.floor(math.log2(magnitude))
+
+
+def near_tie_tolerance(logit_a: float, logit_b: float, dtype: Any) -> float:
+    """The largest gap between two logits that rounding in ``dtype`` can swap."""
+    import torch
+
+    eps = float(torch.finfo(dtype).eps)
+    return NEAR_TIE_ULPS * ulp(max(abs(logit_a), abs(logit_b)), eps)
+
+
+def divergence_gap(model: Any, prefix: list[int], expected: int, got: int) -> tuple[float, float]:
+    """The reference gap between two tokens at a divergence, and the tolerance for it.
+
+    Args:
+        model: the target, in the dtype the outputs were produced in.
+        prefix: prompt plus the tokens both outputs share, up to the divergence.
+        expected: the token plain decoding produced there.
+        got: the token the other method produced there.
+
+    Returns:
+        ``(gap, tolerance)``: ``logit[expected] - logit[got]`` from one forward of ``prefix``,
+        and :func:`near_tie_tolerance` of the two logits.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        logits = model(torch.tensor([prefix], device=device), logits_to_keep=1).logits[0, -1].float()
+    a, b = float(logits[expected]), float(logits[got])
+    return a - b, near_tie_tolerance(a, b, next(model.parameters()).dtype)
