@@ -7,10 +7,18 @@ target's top-k ids or logits.
 
 Lifecycle per request: ``begin`` once, then ``propose``/``observe`` once per step, then ``end``
 (always called, also when the request fails).
+
+Drafters whose per-request state cannot be shared (a draft model's KV cache, an update worker)
+serve one request at a time: :meth:`Drafter._claim` in their ``begin`` raises a clear
+``RuntimeError`` when a request in another thread holds the drafter, and their ``end`` leaves
+that request's state alone (:meth:`Drafter._held_elsewhere`). RACER's drafters keep only
+indexes that every request may read and extend, so one (persistent) RACER drafter may serve
+concurrent requests: drafts get worse, the output stays exact.
 """
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -177,4 +185,37 @@ class Drafter(ABC):
     def stats(self) -> dict[str, Any]:
         """Method-specific statistics, copied into ``GenerationResult.extras``."""
         return {}
+
+    # --- one request at a time (for drafters with per-request state) -------------------------
+
+    def _claim(self) -> None:
+        """Mark this drafter as serving a request of the calling thread (call it in ``begin``).
+
+        Raises:
+            RuntimeError: a request in another thread holds the drafter (until its ``end``).
+        """
+        with _CLAIMS:
+            owner = self.__dict__.get("_request_thread")
+            if owner is not None and owner != threading.get_ident():
+                raise RuntimeError(
+                    f"drafter {self.name!r} is serving a request in another thread; a "
+                    f"{type(self).__name__} serves one request at a time (build one drafter per thread)"
+                )
+            self.__dict__["_request_thread"] = threading.get_ident()
+
+    def _held_elsewhere(self) -> bool:
+        """True while a request in another thread holds this drafter (``end`` must not touch its state)."""
+        with _CLAIMS:
+            owner = self.__dict__.get("_request_thread")
+            return owner is not None and owner != threading.get_ident()
+
+    def _release(self) -> None:
+        """End the calling thread's claim (call it at the end of ``end``)."""
+        with _CLAIMS:
+            if self.__dict__.get("_request_thread") == threading.get_ident():
+                del self.__dict__["_request_thread"]
+
+
+_CLAIMS = threading.Lock()
+"""Guards every drafter's ``_request_thread`` (see :meth:`Drafter._claim`)."""
 

@@ -75,7 +75,13 @@ class DraftModelDrafter(Drafter):
     # --- Drafter hooks -------------------------------------------------------------------------
 
     def begin(self, request: RequestStart) -> None:
-        """Reset the draft's cache and take the request's sampling settings."""
+        """Reset the draft's cache and take the request's sampling settings.
+
+        Raises:
+            RuntimeError: the drafter is serving a request in another thread (its cache
+                belongs to that request).
+        """
+        self._claim()
         self._sampling = SamplingConfig(request.temperature, request.top_p, request.top_k)
         generator = request.generator
         self._generator = generator if generator is not None and generator.device == self._device else None
@@ -90,8 +96,11 @@ class DraftModelDrafter(Drafter):
         return Proposal(tree=tree, draft_probs=probs if len(tokens) else None)
 
     def end(self) -> None:
-        """Drop the draft's cache."""
+        """Drop the draft's cache (unless it belongs to a request in another thread)."""
+        if self._held_elsewhere():
+            return
         self._reset_cache()
+        self._release()
 
     # --- drafting ------------------------------------------------------------------------------
 

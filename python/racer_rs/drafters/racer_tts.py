@@ -110,7 +110,12 @@ class RacerTTSDrafter(Drafter):
         self._chain = np.empty(0, dtype=np.int32)
 
     def begin(self, request: RequestStart) -> None:
-        """Start both sources."""
+        """Start both sources.
+
+        Raises:
+            RuntimeError: the drafter is serving a request in another thread.
+        """
+        self._claim()
         self.racer.begin(request)
         self.tts.begin(request)
 
@@ -141,11 +146,15 @@ class RacerTTSDrafter(Drafter):
         self.tts.learn(outcome.tree.tokens[nodes], rows, n_accepted, outcome.finished)
 
     def end(self) -> None:
-        """Finish both sources (the update worker is always stopped)."""
+        """Finish both sources (the update worker is always stopped), unless they belong to a
+        request in another thread."""
+        if self._held_elsewhere():
+            return
         try:
             self.tts.end()
         finally:
             self.racer.end()
+            self._release()
 
     def stats(self) -> dict[str, Any]:
         """RACER's sizes and the TTS update statistics."""

@@ -113,6 +113,8 @@ class TTSDrafter(DraftModelDrafter):
 
     def end(self) -> None:
         """Wait for the update in flight, publish it, stop the worker and record the stats."""
+        if self._held_elsewhere():
+            return  # a request in another thread owns the worker and the cache
         try:
             self._close_worker(discard=False)
         finally:
