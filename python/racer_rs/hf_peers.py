@@ -4,7 +4,8 @@ What a user would pick instead of racer_rs, measured in the same process on the 
 
 - ``hf``: ``model.generate`` (plain greedy decoding or sampling);
 - ``hf_pld``: ``model.generate(prompt_lookup_num_tokens=10)`` (transformers' prompt lookup);
-- ``hf_assisted``: ``model.generate(assistant_model=draft)`` (transformers' assisted generation).
+- ``hf_assisted``: ``model.generate(assistant_model=draft)`` (transformers' assisted generation,
+  with its default draft length and confidence threshold, as a user would run it).
 
 Each call returns a :class:`racer_rs.generation.GenerationResult`. Steps are the target's decode
 forward calls plus the final token, which needs none, as in racer_rs's engine; the tokens each step
@@ -115,9 +116,6 @@ def generate_with_transformers(
         settings.update(temperature=temperature, top_p=top_p, top_k=top_k)
     if method == "hf_pld":
         settings["prompt_lookup_num_tokens"] = PROMPT_LOOKUP_TOKENS
-    if method == "hf_assisted":
-        # Plain assisted generation: a fixed number of draft tokens, no confidence threshold.
-        settings.update(num_assistant_tokens=5, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
     config = GenerationConfig(**settings)
     device = next(model.parameters()).device
     ids = torch.tensor([list(input_ids)], dtype=torch.long, device=device)
