@@ -7,6 +7,7 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use crate::automaton::Automaton;
+use crate::edge_cells::{self, EDGE_CELLS};
 use crate::error::{Result, invalid};
 use crate::logits_table::LogitsTable;
 use crate::tree::{DraftTree, TreeBuilder, check_budget};
@@ -45,18 +46,41 @@ impl Default for DraftOptions {
 
 /// Build the draft tree rooted at `next_token`: `draft_chain` (tokens after the root) first,
 /// then retrieval paths, then the logits tree fills what is left. The tree has exactly
-/// `min(capacity, available)` nodes and is deterministic.
+/// `min(capacity, available)` nodes and is deterministic. Every node carries its edge cell
+/// (`crate::edge_cells`).
+///
+/// `calibration`, one acceptance probability per edge cell, replaces the scored build's raw
+/// edge estimates (copy-logit probabilities, smoothed retrieval frequencies) when given.
 ///
 /// # Errors
-/// `InvalidArgument` if `capacity` is outside `1..=MAX_TREE_NODES` or a token is negative or outside the table.
+/// `InvalidArgument` if `capacity` is outside `1..=MAX_TREE_NODES`, a token is negative or
+/// outside the table, or `calibration` does not hold `EDGE_CELLS` probabilities in `[0, 1]`.
 pub fn build_draft_tree(
     automaton: &mut Automaton,
     table: &LogitsTable,
     next_token: i32,
     draft_chain: &[i32],
     options: &DraftOptions,
+    calibration: Option<&[f32]>,
 ) -> Result<DraftTree> {
     check_budget("capacity", options.capacity)?;
+    if let Some(c) = calibration {
+        if c.len() != EDGE_CELLS {
+            return Err(invalid(
+                "calibration",
+                format!(
+                    "needs {EDGE_CELLS} probabilities (one per edge cell), got {}",
+                    c.len()
+                ),
+            ));
+        }
+        if let Some(p) = c.iter().find(|p| !(0.0..=1.0).contains(*p)) {
+            return Err(invalid(
+                "calibration",
+                format!("probabilities must be in [0, 1], got {p}"),
+            ));
+        }
+    }
     if !(0.0..=1.0).contains(&options.min_score) {
         return Err(invalid(
             "min_score",
@@ -79,7 +103,8 @@ pub fn build_draft_tree(
     let mut builder = TreeBuilder::new(next_token);
     builder.insert_path(draft_chain, options.capacity);
     if options.scored {
-        ScoredBuild::new(automaton, table, options).run(&mut builder, next_token as u32);
+        ScoredBuild::new(automaton, table, options, calibration)
+            .run(&mut builder, next_token as u32);
         return Ok(builder.finish());
     }
     if options.use_retrieval {
@@ -99,6 +124,7 @@ struct Scored {
     parent: u32,
     /// The trie node it came from, or `u32::MAX` for a copy-logit candidate.
     trie: u32,
+    cell: i32,
 }
 
 impl PartialEq for Scored {
@@ -133,6 +159,7 @@ struct ScoredBuild<'a> {
     automaton: &'a mut Automaton,
     table: &'a LogitsTable,
     options: &'a DraftOptions,
+    calibration: Option<&'a [f32]>,
     heap: BinaryHeap<Scored>,
     logits_expanded: Vec<bool>,
     used: Vec<u32>,
@@ -143,11 +170,13 @@ impl<'a> ScoredBuild<'a> {
         automaton: &'a mut Automaton,
         table: &'a LogitsTable,
         options: &'a DraftOptions,
+        calibration: Option<&'a [f32]>,
     ) -> Self {
         Self {
             automaton,
             table,
             options,
+            calibration,
             heap: BinaryHeap::new(),
             logits_expanded: Vec::new(),
             used: Vec::new(),
@@ -170,7 +199,8 @@ impl<'a> ScoredBuild<'a> {
             if c.score < self.options.min_score {
                 break; // the heap is best first: nothing left scores higher
             }
-            let Some((node, _)) = builder.child_or_insert(c.parent, c.token, self.options.capacity)
+            let Some((node, _)) =
+                builder.child_or_insert(c.parent, c.token, self.options.capacity, c.cell)
             else {
                 break;
             };
@@ -196,33 +226,134 @@ impl<'a> ScoredBuild<'a> {
         let (Some(ids), Some(probs)) = (self.table.row(token), self.table.row_probs(token)) else {
             return;
         };
-        for (&t, &p) in ids.iter().zip(probs) {
+        let measured = self.table.measured_probs(token).is_some();
+        for (j, (&t, &p)) in ids.iter().zip(probs).enumerate() {
+            let cell = edge_cells::logits(j, measured.then_some(p));
             self.heap.push(Scored {
-                score: score * p,
+                score: score * self.edge(cell, p),
                 token: t,
                 parent: node,
                 trie: u32::MAX,
+                cell,
             });
         }
     }
 
     fn push_trie(&mut self, trie: u32, parent: u32, score: f32) {
         let heap = &mut self.heap;
+        let calibration = self.calibration;
         self.automaton
-            .for_each_continuation(trie, |token, p, child| {
+            .for_each_continuation(trie, |token, p, child, cell| {
                 heap.push(Scored {
-                    score: score * p,
+                    score: score * calibration.map_or(p, |c| c[cell as usize]),
                     token,
                     parent,
                     trie: child,
+                    cell,
                 });
             });
+    }
+
+    /// The edge's acceptance estimate: calibrated by cell when a calibration is given.
+    fn edge(&self, cell: i32, raw: f32) -> f32 {
+        self.calibration.map_or(raw, |c| c[cell as usize])
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::edge_cells::{EdgeKind, kind};
+
+    /// An automaton that has seen `1 2 3 4 5` twice, and a table whose every row is written.
+    fn sources() -> (Automaton, LogitsTable) {
+        let mut a = Automaton::new(6, 1000, 2).unwrap();
+        a.extend(&[1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 5, 8, 1]).unwrap();
+        let mut t = LogitsTable::new(50, 4).unwrap();
+        let tokens: Vec<i32> = (0..50).collect();
+        let ids: Vec<i32> = (0..50)
+            .flat_map(|r| (0..4).map(move |j| (r * 4 + j + 20) % 50))
+            .collect();
+        let probs: Vec<f32> = (0..50).flat_map(|_| [0.4, 0.3, 0.2, 0.1]).collect();
+        t.update_with_probs(&tokens, &ids, 4, Some(&probs)).unwrap();
+        (a, t)
+    }
+
+    #[test]
+    fn every_node_carries_the_cell_of_its_source() {
+        let context = [1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 5, 8, 1];
+        let (mut a, t) = sources();
+        for scored in [false, true] {
+            let options = DraftOptions {
+                capacity: 24,
+                scored,
+                ..Default::default()
+            };
+            let tree = build_draft_tree(&mut a, &t, 2, &[7, 7], &options, None).unwrap();
+            let (cells, parents, tokens) = (tree.cells(), tree.parents(), tree.tokens());
+            assert_eq!(kind(cells[0]), EdgeKind::Root);
+            let path = |mut i: usize| {
+                let mut p = vec![tokens[i]];
+                while i != 0 {
+                    i = parents[i] as usize;
+                    p.insert(0, tokens[i]);
+                }
+                p
+            };
+            let mut kinds = Vec::new();
+            for i in 1..tree.len() {
+                let parent_row = t.row(tokens[parents[i] as usize]).unwrap();
+                match kind(cells[i]) {
+                    EdgeKind::Chain => assert_eq!(path(i), vec![2, 7, 7][..path(i).len()].to_vec()),
+                    EdgeKind::Logits => assert!(parent_row.contains(&tokens[i]), "node {i}"),
+                    EdgeKind::Retrieval => {
+                        let p = path(i);
+                        assert!(
+                            context.windows(p.len()).any(|w| w == p.as_slice()),
+                            "node {i}: {p:?}"
+                        );
+                    }
+                    EdgeKind::Root => panic!("node {i} has no cell"),
+                }
+                kinds.push(kind(cells[i]));
+            }
+            for k in [EdgeKind::Chain, EdgeKind::Logits, EdgeKind::Retrieval] {
+                assert!(kinds.contains(&k), "{k:?} missing (scored: {scored})");
+            }
+        }
+    }
+
+    #[test]
+    fn calibration_steers_the_scored_tree_between_sources() {
+        let (mut a, t) = sources();
+        let options = DraftOptions {
+            capacity: 4,
+            scored: true,
+            ..Default::default()
+        };
+        let calibrated = |retrieval: f32, logits: f32| -> Vec<f32> {
+            (0..EDGE_CELLS as i32)
+                .map(|c| match kind(c) {
+                    EdgeKind::Retrieval => retrieval,
+                    _ => logits,
+                })
+                .collect()
+        };
+        let trust_retrieval = calibrated(0.95, 0.05);
+        let tree = build_draft_tree(&mut a, &t, 2, &[], &options, Some(&trust_retrieval)).unwrap();
+        assert_eq!(tree.tokens(), &[2, 3, 4, 5]); // the retrieved continuation as one chain
+        let trust_logits = calibrated(0.05, 0.95);
+        let tree = build_draft_tree(&mut a, &t, 2, &[], &options, Some(&trust_logits)).unwrap();
+        assert!(
+            tree.cells()[1..]
+                .iter()
+                .all(|&c| kind(c) == EdgeKind::Logits)
+        );
+        let wrong = vec![0.5; EDGE_CELLS - 1];
+        assert!(build_draft_tree(&mut a, &t, 2, &[], &options, Some(&wrong)).is_err());
+        let out_of_range = vec![1.5; EDGE_CELLS];
+        assert!(build_draft_tree(&mut a, &t, 2, &[], &options, Some(&out_of_range)).is_err());
+    }
 
     #[test]
     fn retrieval_first_then_logits_fill_to_capacity() {
@@ -244,6 +375,7 @@ mod tests {
                     capacity: cap,
                     ..Default::default()
                 },
+                None,
             )
             .unwrap();
             assert_eq!(tree.len(), cap);
@@ -257,7 +389,7 @@ mod tests {
                 scored: true,
                 ..Default::default()
             };
-            let tree = build_draft_tree(&mut a, &t, 2, &[], &options).unwrap();
+            let tree = build_draft_tree(&mut a, &t, 2, &[], &options, None).unwrap();
             assert_eq!(tree.len(), cap);
         }
         let chain = build_draft_tree(
@@ -269,6 +401,7 @@ mod tests {
                 capacity: 3,
                 ..Default::default()
             },
+            None,
         )
         .unwrap();
         assert_eq!(chain.tokens(), &[2, 9, 9]);

@@ -3,6 +3,7 @@
 
 pub mod automaton;
 pub mod draft;
+pub mod edge_cells;
 pub mod error;
 pub mod logits_table;
 pub mod lookup;

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 
+use crate::edge_cells;
 use crate::error::{Result, invalid};
 use crate::tree::{DraftTree, TreeBuilder, check_budget};
 
@@ -19,6 +20,8 @@ pub struct LogitsTable {
     /// Probability of each stored id under the target (a rank prior when none was given).
     probs: Vec<f32>,
     written: Vec<bool>,
+    /// Whether a row's probabilities were given (rather than the rank prior).
+    measured: Vec<bool>,
     rows_written: usize,
 }
 
@@ -55,6 +58,7 @@ impl LogitsTable {
             ids: vec![0; cells],
             probs: vec![0.0; cells],
             written: vec![false; vocab_size],
+            measured: vec![false; vocab_size],
             rows_written: 0,
         })
     }
@@ -80,7 +84,7 @@ impl LogitsTable {
     /// Approximate heap memory in bytes.
     #[must_use]
     pub fn memory_bytes(&self) -> usize {
-        self.ids.len() * 8 + self.written.len()
+        self.ids.len() * 8 + self.written.len() + self.measured.len()
     }
 
     fn check_token(&self, arg: &'static str, t: i32) -> Result<usize> {
@@ -160,6 +164,7 @@ impl LogitsTable {
                     .enumerate()
                     .for_each(|(j, p)| *p = rank_prior(j)),
             }
+            self.measured[row] = topk_probs.is_some();
             if !self.written[row] {
                 self.written[row] = true;
                 self.rows_written += 1;
@@ -184,6 +189,17 @@ impl LogitsTable {
             .ok()
             .filter(|&t| t < self.vocab_size)?;
         self.written[t].then(|| &self.probs[t * self.top_k..(t + 1) * self.top_k])
+    }
+
+    /// The probabilities given for `token`'s ids, or `None` if its row was never written or was
+    /// written without probabilities.
+    #[must_use]
+    pub fn measured_probs(&self, token: i32) -> Option<&[f32]> {
+        let t = usize::try_from(token)
+            .ok()
+            .filter(|&t| t < self.vocab_size)?;
+        (self.written[t] && self.measured[t])
+            .then(|| &self.probs[t * self.top_k..(t + 1) * self.top_k])
     }
 
     /// Forget every row.
@@ -219,9 +235,11 @@ impl LogitsTable {
                 continue;
             };
             let shift0 = usize::from(builder.depth(u) != exempt_depth);
+            let probs = self.measured_probs(builder.token(u));
             for (j, &token) in row.iter().enumerate().take(breadth) {
                 let child_breadth = (breadth >> (j + shift0).min(63)).max(1);
-                let Some((c, _)) = builder.child_or_insert(u, token, budget) else {
+                let cell = edge_cells::logits(j, probs.map(|p| p[j]));
+                let Some((c, _)) = builder.child_or_insert(u, token, budget, cell) else {
                     return;
                 };
                 let c = c as usize;
@@ -278,8 +296,10 @@ impl LogitsTable {
             let Some(row) = self.row(b.token(p)) else {
                 continue;
             };
+            let rank = ranks[i] as usize;
+            let cell = edge_cells::logits(rank, self.measured_probs(b.token(p)).map(|q| q[rank]));
             placed[i] = b
-                .child_or_insert(p, row[ranks[i] as usize], usize::MAX)
+                .child_or_insert(p, row[rank], usize::MAX, cell)
                 .map(|(c, _)| c);
         }
         Ok(b.finish())

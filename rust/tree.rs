@@ -4,6 +4,7 @@
 
 use rustc_hash::FxHashSet;
 
+use crate::edge_cells;
 use crate::error::{Result, invalid};
 
 const NIL: u32 = u32::MAX;
@@ -31,6 +32,8 @@ pub struct DraftTree {
     tokens: Vec<i32>,
     parents: Vec<i32>,
     depths: Vec<i32>,
+    /// Edge cell of every node (see `crate::edge_cells`; the root's is `NO_CELL`).
+    cells: Vec<i32>,
     /// CSR adjacency: the children of node `u` are `children[child_start[u]..child_start[u + 1]]`.
     child_start: Vec<u32>,
     children: Vec<u32>,
@@ -92,7 +95,42 @@ impl DraftTree {
                 ));
             }
         }
-        Ok(Self::from_valid(tokens, parents, depths))
+        let cells = edge_cells::structural(&parents, &depths);
+        Ok(Self::from_valid(tokens, parents, depths, cells))
+    }
+
+    /// [`DraftTree::from_parents`] with the edge cells given (`NO_CELL` at the root).
+    ///
+    /// # Errors
+    /// As `from_parents`, and `InvalidArgument` if `cells` has another length, the root's cell
+    /// is not `NO_CELL`, or another cell is outside `0..EDGE_CELLS`.
+    pub fn with_cells(tokens: Vec<i32>, parents: Vec<i32>, cells: Vec<i32>) -> Result<Self> {
+        let mut tree = Self::from_parents(tokens, parents)?;
+        if cells.len() != tree.len() {
+            return Err(invalid(
+                "cells",
+                format!(
+                    "length {} differs from tokens length {}",
+                    cells.len(),
+                    tree.len()
+                ),
+            ));
+        }
+        if cells[0] != edge_cells::NO_CELL {
+            return Err(invalid("cells", "the root's cell must be -1"));
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+        if let Some(c) = cells[1..]
+            .iter()
+            .find(|&&c| c < 0 || c >= edge_cells::EDGE_CELLS as i32)
+        {
+            return Err(invalid(
+                "cells",
+                format!("cell {c} is outside 0..{}", edge_cells::EDGE_CELLS),
+            ));
+        }
+        tree.cells = cells;
+        Ok(tree)
     }
 
     /// A chain: `tokens[0]` is the root and every next token is the child of the previous one.
@@ -104,7 +142,7 @@ impl DraftTree {
         Self::from_parents(tokens.to_vec(), parents)
     }
 
-    fn from_valid(tokens: Vec<i32>, parents: Vec<i32>, depths: Vec<i32>) -> Self {
+    fn from_valid(tokens: Vec<i32>, parents: Vec<i32>, depths: Vec<i32>, cells: Vec<i32>) -> Self {
         let n = tokens.len();
         let mut child_start = vec![0u32; n + 1];
         for &p in &parents[1..] {
@@ -123,6 +161,7 @@ impl DraftTree {
             tokens,
             parents,
             depths,
+            cells,
             child_start,
             children,
         }
@@ -132,6 +171,12 @@ impl DraftTree {
     #[must_use]
     pub fn len(&self) -> usize {
         self.tokens.len()
+    }
+
+    /// Edge cell of every node (`NO_CELL` for the root).
+    #[must_use]
+    pub fn cells(&self) -> &[i32] {
+        &self.cells
     }
 
     /// Always false: a tree has at least its root.
@@ -241,6 +286,7 @@ pub struct TreeBuilder {
     tokens: Vec<i32>,
     parents: Vec<u32>,
     depths: Vec<u32>,
+    cells: Vec<i32>,
     first_child: Vec<u32>,
     last_child: Vec<u32>,
     next_sibling: Vec<u32>,
@@ -254,6 +300,7 @@ impl TreeBuilder {
             tokens: vec![root],
             parents: vec![NIL],
             depths: vec![0],
+            cells: vec![edge_cells::NO_CELL],
             first_child: vec![NIL],
             last_child: vec![NIL],
             next_sibling: vec![NIL],
@@ -297,13 +344,15 @@ impl TreeBuilder {
         None
     }
 
-    /// The child of `parent` labelled `token`, created if missing and the tree holds fewer than
-    /// `budget` nodes. Returns `(node, created)`, or `None` when the budget is exhausted.
+    /// The child of `parent` labelled `token`, created (with edge cell `cell`) if missing and the
+    /// tree holds fewer than `budget` nodes. Returns `(node, created)`, or `None` when the budget
+    /// is exhausted. A node reached again keeps the cell it was created with.
     pub fn child_or_insert(
         &mut self,
         parent: u32,
         token: i32,
         budget: usize,
+        cell: i32,
     ) -> Option<(u32, bool)> {
         if let Some(c) = self.find_child(parent, token) {
             return Some((c, false));
@@ -315,6 +364,7 @@ impl TreeBuilder {
         self.tokens.push(token);
         self.parents.push(parent);
         self.depths.push(self.depths[parent as usize] + 1);
+        self.cells.push(cell);
         self.first_child.push(NIL);
         self.last_child.push(NIL);
         self.next_sibling.push(NIL);
@@ -328,11 +378,12 @@ impl TreeBuilder {
         Some((c, true))
     }
 
-    /// Insert `path` below the root, merging with existing nodes, until `budget` nodes exist.
+    /// Insert the chain `path` below the root, merging with existing nodes, until `budget`
+    /// nodes exist.
     pub fn insert_path(&mut self, path: &[i32], budget: usize) {
         let mut u = 0u32;
-        for &t in path {
-            match self.child_or_insert(u, t, budget) {
+        for (depth, &t) in path.iter().enumerate() {
+            match self.child_or_insert(u, t, budget, edge_cells::chain(depth + 1)) {
                 Some((c, _)) => u = c,
                 None => return,
             }
@@ -369,7 +420,8 @@ impl TreeBuilder {
             .iter()
             .map(|&u| self.depths[u as usize] as i32)
             .collect();
-        DraftTree::from_valid(tokens, parents, depths)
+        let cells = order.iter().map(|&u| self.cells[u as usize]).collect();
+        DraftTree::from_valid(tokens, parents, depths, cells)
     }
 }
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from racer_rs._native import (
+    EDGE_CELLS,
     Automaton,
     DraftTree,
     LogitsTable,
     __version__,
     build_draft_tree,
+    edge_cell_priors,
     prompt_lookup,
 )
 
@@ -23,12 +25,14 @@ if TYPE_CHECKING:
     from racer_rs.model_loading import load_model, resolve_model
 
 __all__ = [
+    "EDGE_CELLS",
     "Automaton",
     "DraftTree",
     "GenerationResult",
     "LogitsTable",
     "__version__",
     "build_draft_tree",
+    "edge_cell_priors",
     "generate",
     "load_model",
     "prompt_lookup",

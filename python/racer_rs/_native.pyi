@@ -7,11 +7,18 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: str
+EDGE_CELLS: int
+"""Number of edge cells: the kinds of draft-tree edge acceptance is calibrated by (chain edges
+by depth, copy-logit edges by stored probability or rank, retrieval edges by matched length and
+continuation share)."""
+
 __all__ = [
+    "EDGE_CELLS",
     "Automaton",
     "DraftTree",
     "LogitsTable",
     "build_draft_tree",
+    "edge_cell_priors",
     "__version__",
     "prompt_lookup",
 ]
@@ -25,17 +32,20 @@ class DraftTree:
     Sibling nodes always carry distinct tokens, so a greedy walk is unambiguous.
     """
 
-    def __new__(cls, tokens: _TokenArray, parents: _TokenArray) -> DraftTree:
+    def __new__(cls, tokens: _TokenArray, parents: _TokenArray, cells: _TokenArray | None = None) -> DraftTree:
         """Build a tree from flat arrays.
 
         Args:
             tokens: token id of every node (non-negative).
             parents: parent index of every node, ``-1`` for the root at index 0;
                 parents must precede children and depths must not decrease.
+            cells: every node's edge cell (``-1`` for the root, else ``0..EDGE_CELLS``);
+                by default a chain gets chain cells by depth and any other tree copy-logit
+                rank cells by each node's index among its siblings.
 
         Raises:
             ValueError: if the arrays disagree in length, are empty, are not in BFS
-                order, or two siblings carry the same token.
+                order, two siblings carry the same token, or a cell is out of range.
             TypeError: if an argument is not a sequence of ints or an integer array.
         """
 
@@ -49,6 +59,10 @@ class DraftTree:
     def parents(self) -> npt.NDArray[np.int32]: ...
     @property
     def depths(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def cells(self) -> npt.NDArray[np.int32]:
+        """``int32[n]``: every node's edge cell (``-1`` for the root); see ``EDGE_CELLS``."""
+
     @property
     def max_depth(self) -> int: ...
     def __len__(self) -> int: ...
@@ -163,17 +177,23 @@ def build_draft_tree(
     exempt_depth: int = 1,
     scored: bool = False,
     min_score: float = 0.0,
+    calibration: Sequence[float] | npt.NDArray[np.float32] | npt.NDArray[np.float64] | None = None,
 ) -> DraftTree:
     """RACER's draft tree: ``draft_chain`` (if any) first, then retrieval paths, then the logits
     tree fills what is left. The budget is charged after merging, so the tree has exactly
-    ``min(capacity, available)`` nodes, root included.
+    ``min(capacity, available)`` nodes, root included. Every node records its edge cell.
 
     With ``scored=True`` nodes are chosen best first by estimated path probability (the
     product of copy-logit probabilities and smoothed retrieval frequencies along the path),
     which maximises the expected accepted length under those estimates; ``min_score`` in
     ``[0, 1]`` then leaves out nodes whose estimate is below it (the tree grows only while a
-    node is likely enough to pay for its verification).
+    node is likely enough to pay for its verification). ``calibration`` (``EDGE_CELLS``
+    probabilities in ``[0, 1]``, one per edge cell) replaces those raw edge estimates.
     """
+
+def edge_cell_priors() -> npt.NDArray[np.float32]:
+    """``float32[EDGE_CELLS]``: the raw acceptance estimate each edge cell stands for, a prior
+    before any outcome is observed."""
 
 def prompt_lookup(
     context: _TokenArray, *, max_ngram: int = 3, min_ngram: int = 1, num_pred: int = 10

@@ -5,6 +5,7 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use super::{Automaton, NIL, ROOT, key};
+use crate::edge_cells;
 use crate::error::{Result, invalid};
 use crate::tree::{DraftTree, TreeBuilder, check_budget};
 
@@ -16,6 +17,8 @@ struct Candidate {
     token: u32,
     parent: u32,
     node: u32,
+    /// Edge cell (the matched string's length and the continuation's share).
+    cell: i32,
 }
 
 impl Ord for Candidate {
@@ -93,7 +96,8 @@ impl Automaton {
         self.push_children(&mut heap, border, 0, 1);
         while builder.len() < budget {
             let Some(c) = heap.pop() else { break };
-            let Some((placed, _)) = builder.child_or_insert(c.parent, c.token as i32, budget)
+            let Some((placed, _)) =
+                builder.child_or_insert(c.parent, c.token as i32, budget, c.cell)
             else {
                 break;
             };
@@ -113,6 +117,10 @@ impl Automaton {
         parent: u32,
         rel_depth: u32,
     ) {
+        let (total, depth) = (
+            self.nodes[node as usize].count,
+            self.nodes[node as usize].depth,
+        );
         let mut c = self.nodes[node as usize].first_child;
         while c != NIL {
             let n = &self.nodes[c as usize];
@@ -122,6 +130,7 @@ impl Automaton {
                 token: n.token,
                 parent,
                 node: c,
+                cell: edge_cells::retrieval(depth as usize, share(n.count, total)),
             });
             c = n.next_sibling;
         }
@@ -130,15 +139,21 @@ impl Automaton {
 
 /// Hooks for the probability-scored tree builder (`crate::draft`).
 impl Automaton {
-    /// Calls `f(token, probability, child)` for every child of trie node `node`, where the
+    /// Calls `f(token, probability, child, cell)` for every child of trie node `node`, where the
     /// probability is the add-one smoothed estimate `count(child) / (count(node) + 1)` that
-    /// the child's token follows the node's string.
-    pub(crate) fn for_each_continuation(&self, node: u32, mut f: impl FnMut(i32, f32, u32)) {
-        let total = self.nodes[node as usize].count as f32 + 1.0;
+    /// the child's token follows the node's string, and `cell` the edge's cell.
+    pub(crate) fn for_each_continuation(&self, node: u32, mut f: impl FnMut(i32, f32, u32, i32)) {
+        let (total, depth) = (
+            self.nodes[node as usize].count,
+            self.nodes[node as usize].depth,
+        );
         let mut c = self.nodes[node as usize].first_child;
         while c != NIL {
             let n = &self.nodes[c as usize];
-            f(n.token as i32, n.count as f32 / total, c);
+            #[allow(clippy::cast_precision_loss)]
+            let smoothed = n.count as f32 / (total as f32 + 1.0);
+            let cell = edge_cells::retrieval(depth as usize, share(n.count, total));
+            f(n.token as i32, smoothed, c, cell);
             c = n.next_sibling;
         }
     }
@@ -153,4 +168,13 @@ impl Automaton {
             }
         }
     }
+}
+
+/// The share of a string's occurrences that a continuation followed.
+#[allow(clippy::cast_precision_loss)]
+fn share(count: u32, total: u32) -> f32 {
+    if total == 0 {
+        return 0.0;
+    }
+    (count as f32 / total as f32).min(1.0)
 }

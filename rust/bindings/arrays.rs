@@ -125,6 +125,36 @@ pub(crate) fn prob_matrix(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Vec<f3
     })
 }
 
+/// Extract a 1-D float32/float64 array (or a list of floats) of probabilities.
+pub(crate) fn prob_vector(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f32>> {
+    if let Ok(a) = obj.cast::<PyUntypedArray>() {
+        if a.ndim() != 1 {
+            return Err(value_error(
+                arg,
+                format!("expected a 1-D array, got shape {:?}", a.shape()),
+            ));
+        }
+        if let Ok(v) = obj.extract::<PyReadonlyArray1<'_, f32>>() {
+            return Ok(v.as_array().to_vec());
+        }
+        if let Ok(v) = obj.extract::<PyReadonlyArray1<'_, f64>>() {
+            #[allow(clippy::cast_possible_truncation)] // probabilities: f32 precision is plenty
+            return Ok(v.as_array().iter().map(|&p| p as f32).collect());
+        }
+        return Err(PyTypeError::new_err(format!(
+            "{arg}: expected a float32 or float64 array, got dtype {}",
+            dtype_name(a)
+        )));
+    }
+    let values: Vec<f64> = obj.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{arg}: expected a 1-D float array or a list of floats"
+        ))
+    })?;
+    #[allow(clippy::cast_possible_truncation)]
+    Ok(values.into_iter().map(|p| p as f32).collect())
+}
+
 /// A Python int argument that must be a token id (non-negative int32).
 pub(crate) fn token_id(Int(value): Int, arg: &str) -> PyResult<i32> {
     i32::try_from(value)

@@ -4,7 +4,7 @@ use numpy::PyArray1;
 use parking_lot::RwLock;
 use pyo3::prelude::*;
 
-use super::arrays::{Int, array1, at_least, matrix, prob_matrix, token_arg, token_id};
+use super::arrays::{Int, array1, at_least, matrix, prob_matrix, prob_vector, token_arg, token_id};
 use super::automaton::PyAutomaton;
 use super::tree::PyDraftTree;
 use crate::draft::{DraftOptions, build_draft_tree as build};
@@ -155,9 +155,9 @@ impl PyLogitsTable {
 /// RACER's draft tree: ``draft_chain`` first, then retrieval paths, then the logits tree;
 /// the budget is charged after merging.
 #[pyfunction]
-#[pyo3(signature = (automaton, table, next_token, capacity = Int(64), *, use_retrieval = true, use_logits = true, draft_chain = None, exempt_depth = Int(1), scored = false, min_score = 0.0))]
+#[pyo3(signature = (automaton, table, next_token, capacity = Int(64), *, use_retrieval = true, use_logits = true, draft_chain = None, exempt_depth = Int(1), scored = false, min_score = 0.0, calibration = None))]
 #[pyo3(
-    text_signature = "(automaton, table, next_token, capacity=64, *, use_retrieval=True, use_logits=True, draft_chain=None, exempt_depth=1, scored=False, min_score=0.0)"
+    text_signature = "(automaton, table, next_token, capacity=64, *, use_retrieval=True, use_logits=True, draft_chain=None, exempt_depth=1, scored=False, min_score=0.0, calibration=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn build_draft_tree(
@@ -172,6 +172,7 @@ pub(crate) fn build_draft_tree(
     exempt_depth: Int,
     scored: bool,
     min_score: f64,
+    calibration: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyDraftTree> {
     let next_token = token_id(next_token, "next_token")?;
     let options = DraftOptions {
@@ -187,9 +188,19 @@ pub(crate) fn build_draft_tree(
         .map(|c| token_arg(c, "draft_chain"))
         .transpose()?;
     let chain: &[i32] = chain.as_ref().map_or(&[], |c| c.as_slice());
+    let calibration = calibration
+        .map(|c| prob_vector(c, "calibration"))
+        .transpose()?;
     let tree = py.detach(|| {
         let mut a = automaton.inner.lock();
-        build(&mut a, &table.inner.read(), next_token, chain, &options)
+        build(
+            &mut a,
+            &table.inner.read(),
+            next_token,
+            chain,
+            &options,
+            calibration.as_deref(),
+        )
     })?;
     Ok(tree.into())
 }

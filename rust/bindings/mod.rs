@@ -15,12 +15,13 @@ mod _native {
     #[pymodule_export]
     use super::logits_table::{PyLogitsTable, build_draft_tree};
     #[pymodule_export]
-    use super::tree::{PyDraftTree, prompt_lookup};
+    use super::tree::{PyDraftTree, edge_cell_priors, prompt_lookup};
 
     use pyo3::prelude::*;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("EDGE_CELLS", crate::edge_cells::EDGE_CELLS)?;
         m.add("__version__", env!("CARGO_PKG_VERSION"))
     }
 }

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use super::arrays::{Int, array1, at_least, token_arg};
+use crate::edge_cells;
 use crate::tree::DraftTree;
 
 /// A draft tree flattened in BFS order (root at index 0, parents before children).
@@ -22,10 +23,19 @@ impl From<DraftTree> for PyDraftTree {
 #[pymethods]
 impl PyDraftTree {
     #[new]
-    fn py_new(tokens: &Bound<'_, PyAny>, parents: &Bound<'_, PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (tokens, parents, cells = None))]
+    fn py_new(
+        tokens: &Bound<'_, PyAny>,
+        parents: &Bound<'_, PyAny>,
+        cells: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let t = token_arg(tokens, "tokens")?.as_slice().to_vec();
         let p = token_arg(parents, "parents")?.as_slice().to_vec();
-        Ok(DraftTree::from_parents(t, p)?.into())
+        let tree = match cells {
+            Some(c) => DraftTree::with_cells(t, p, token_arg(c, "cells")?.as_slice().to_vec())?,
+            None => DraftTree::from_parents(t, p)?,
+        };
+        Ok(tree.into())
     }
 
     /// A chain tree: ``tokens[0]`` is the root, each next token the child of the previous.
@@ -49,6 +59,12 @@ impl PyDraftTree {
         array1(py, self.inner.depths().to_vec())
     }
 
+    /// ``int32[n]``: every node's edge cell (``-1`` for the root).
+    #[getter]
+    fn cells<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        array1(py, self.inner.cells().to_vec())
+    }
+
     #[getter]
     fn max_depth(&self) -> usize {
         self.inner.max_depth()
@@ -69,7 +85,7 @@ impl PyDraftTree {
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
         let py = slf.py();
         let me = slf.get();
-        let args = (me.tokens(py), me.parents(py));
+        let args = (me.tokens(py), me.parents(py), me.cells(py));
         (slf.get_type(), args).into_pyobject(py)
     }
 
@@ -113,4 +129,10 @@ pub(crate) fn prompt_lookup<'py>(
     let found =
         py.detach(|| crate::lookup::prompt_lookup(slice, max_ngram, min_ngram, num_pred))?;
     Ok(array1(py, found))
+}
+
+/// ``float32[EDGE_CELLS]``: the prior acceptance probability of every edge cell.
+#[pyfunction]
+pub(crate) fn edge_cell_priors(py: Python<'_>) -> Bound<'_, PyArray1<f32>> {
+    PyArray1::from_vec(py, edge_cells::priors())
 }

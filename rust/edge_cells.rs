@@ -1,0 +1,179 @@
+//! Edge cells: a small, fixed classification of draft-tree edges by where the drafted token came
+//! from and what its source knew about it, so that acceptance can be calibrated per cell.
+//!
+//! Every non-root node of a draft tree carries the cell of the edge from its parent. A caller
+//! that counts, per cell, how often a node is accepted when its parent was accepted learns the
+//! conditional acceptance probability of each kind of edge; the product of those along a path is
+//! the node's estimated acceptance probability, and the best-first builder can grow trees by the
+//! calibrated estimates instead of its raw ones (see `crate::draft`).
+//!
+//! Layout (offsets into one array of [`EDGE_CELLS`] values):
+//! - chain edges (a draft model's or prompt lookup's chain), by depth 1..=8;
+//! - copy-logit edges with a stored probability, by that probability in tenths;
+//! - copy-logit edges without probabilities, by rank 0..=7 in the parent's row;
+//! - retrieval edges, by the length of the matched context string (1..=8) and the continuation's
+//!   share of the string's occurrences (fifths).
+#![forbid(unsafe_code)]
+
+const DEPTH_BUCKETS: usize = 8;
+const PROB_BUCKETS: usize = 10;
+const RANK_BUCKETS: usize = 8;
+const MATCH_BUCKETS: usize = 8;
+const SHARE_BUCKETS: usize = 5;
+
+const CHAIN: usize = 0;
+const LOGITS_PROB: usize = CHAIN + DEPTH_BUCKETS;
+const LOGITS_RANK: usize = LOGITS_PROB + PROB_BUCKETS;
+const RETRIEVAL: usize = LOGITS_RANK + RANK_BUCKETS;
+
+/// Number of edge cells.
+pub const EDGE_CELLS: usize = RETRIEVAL + MATCH_BUCKETS * SHARE_BUCKETS;
+/// The cell of the root, which has no edge.
+pub const NO_CELL: i32 = -1;
+
+#[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+fn cell(index: usize) -> i32 {
+    index as i32
+}
+
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
+fn bucket(value: f32, buckets: usize) -> usize {
+    if value.is_nan() || value <= 0.0 {
+        return 0;
+    }
+    ((value * buckets as f32) as usize).min(buckets - 1)
+}
+
+/// Cell of a chain edge into a node at `depth` (>= 1).
+#[must_use]
+pub fn chain(depth: usize) -> i32 {
+    cell(CHAIN + depth.clamp(1, DEPTH_BUCKETS) - 1)
+}
+
+/// Cell of a copy-logit edge: by the stored probability when there is one, else by `rank`.
+#[must_use]
+pub fn logits(rank: usize, prob: Option<f32>) -> i32 {
+    match prob {
+        Some(p) => cell(LOGITS_PROB + bucket(p, PROB_BUCKETS)),
+        None => cell(LOGITS_RANK + rank.min(RANK_BUCKETS - 1)),
+    }
+}
+
+/// Cell of a retrieval edge continuing a matched string of `match_len` tokens with a token that
+/// followed `share` of its occurrences.
+#[must_use]
+pub fn retrieval(match_len: usize, share: f32) -> i32 {
+    let m = match_len.clamp(1, MATCH_BUCKETS) - 1;
+    cell(RETRIEVAL + m * SHARE_BUCKETS + bucket(share, SHARE_BUCKETS))
+}
+
+/// The kind of edge a cell describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EdgeKind {
+    /// The root (no edge).
+    Root,
+    /// A draft model's or prompt lookup's chain.
+    Chain,
+    /// A copy-logit table entry.
+    Logits,
+    /// An automaton continuation.
+    Retrieval,
+}
+
+/// The kind of edge `cell` describes.
+#[must_use]
+pub fn kind(cell: i32) -> EdgeKind {
+    match usize::try_from(cell) {
+        Err(_) => EdgeKind::Root,
+        Ok(c) if c < LOGITS_PROB => EdgeKind::Chain,
+        Ok(c) if c < RETRIEVAL => EdgeKind::Logits,
+        Ok(_) => EdgeKind::Retrieval,
+    }
+}
+
+/// A prior acceptance probability per cell: the raw estimate the cell stands for (a bucket's
+/// midpoint, `1 / (rank + 2)` for ranks, 0.5 for chains), used before any outcome is seen.
+#[must_use]
+#[allow(clippy::cast_precision_loss)]
+pub fn priors() -> Vec<f32> {
+    let mut p = vec![0.5f32; EDGE_CELLS];
+    for b in 0..PROB_BUCKETS {
+        p[LOGITS_PROB + b] = (b as f32 + 0.5) / PROB_BUCKETS as f32;
+    }
+    for r in 0..RANK_BUCKETS {
+        p[LOGITS_RANK + r] = 1.0 / (r as f32 + 2.0);
+    }
+    for m in 0..MATCH_BUCKETS {
+        for s in 0..SHARE_BUCKETS {
+            p[RETRIEVAL + m * SHARE_BUCKETS + s] = (s as f32 + 0.5) / SHARE_BUCKETS as f32;
+        }
+    }
+    p
+}
+
+/// Default cells of a tree that no drafter classified: a chain gets chain cells by depth,
+/// any other tree copy-logit rank cells by each node's index among its siblings.
+#[must_use]
+pub fn structural(parents: &[i32], depths: &[i32]) -> Vec<i32> {
+    let n = parents.len();
+    let is_chain = parents
+        .iter()
+        .enumerate()
+        .skip(1)
+        .all(|(i, &p)| p + 1 == cell(i));
+    let mut cells = vec![NO_CELL; n];
+    let mut seen_children = vec![0usize; n];
+    for i in 1..n {
+        #[allow(clippy::cast_sign_loss)]
+        let (p, d) = (parents[i] as usize, depths[i] as usize);
+        cells[i] = if is_chain {
+            chain(d)
+        } else {
+            logits(seen_children[p], None)
+        };
+        seen_children[p] += 1;
+    }
+    cells
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_are_distinct_and_in_range() {
+        let mut all = Vec::new();
+        all.extend((1..=8).map(chain));
+        all.extend((0..10).map(|b| logits(0, Some((b as f32 + 0.5) / 10.0))));
+        all.extend((0..8).map(|r| logits(r, None)));
+        for m in 1..=8 {
+            all.extend((0..5).map(|s| retrieval(m, (s as f32 + 0.5) / 5.0)));
+        }
+        let mut sorted = all.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), EDGE_CELLS);
+        assert_eq!(all.iter().copied().max(), Some(EDGE_CELLS as i32 - 1));
+        assert_eq!(priors().len(), EDGE_CELLS);
+        assert_eq!(chain(30), chain(8));
+        assert_eq!(logits(0, Some(1.0)), logits(0, Some(0.95)));
+        assert_eq!(retrieval(0, 0.0), retrieval(1, 0.1));
+    }
+
+    #[test]
+    fn structural_cells_tell_chains_from_trees() {
+        assert_eq!(
+            structural(&[-1, 0, 1], &[0, 1, 2]),
+            vec![NO_CELL, chain(1), chain(2)]
+        );
+        let tree = structural(&[-1, 0, 0, 1], &[0, 1, 1, 2]);
+        assert_eq!(
+            tree,
+            vec![NO_CELL, logits(0, None), logits(1, None), logits(0, None)]
+        );
+    }
+}
