@@ -495,7 +495,9 @@ def test_racer_tts_sampling_equals_plain_sampling(pair) -> None:  # type: ignore
     assert all(racer_tts_sampled_equals_plain_sampling(pair))
 
 
-def test_racer_tts_sampling_with_a_lossy_walk_fails_the_same_check(pair, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_racer_tts_sampling_with_a_lossy_walk_fails_the_same_check(  # type: ignore[no-untyped-def]
+    pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(generation, "DecodeLoop", ResampleAfterMismatchLoop)
     assert not all(racer_tts_sampled_equals_plain_sampling(pair))
 
