@@ -196,6 +196,9 @@ def _draft_distributions(model: torch.nn.Module) -> torch.Tensor:
     return torch.stack([0.5 * base + 0.5 / VOCAB, base.roll(1)])
 
 
+# The fast suite tests chain speculative sampling at depths 1-3 with lossy counterparts, and the
+# engine's side of it, in test_chain_sampling.py; these two run it end to end on a real model.
+@pytest.mark.slow
 def test_chain_speculative_sampling_is_lossless(model: torch.nn.Module, exact: dict) -> None:
     runs = 1500
     counts, accepted = run_loop(model, SyntheticChainDrafter(_draft_distributions(model)), runs)
@@ -203,6 +206,7 @@ def test_chain_speculative_sampling_is_lossless(model: torch.nn.Module, exact: d
     assert chi_square_pvalue(counts, exact, runs) > ALPHA
 
 
+@pytest.mark.slow
 def test_chain_with_misreported_draft_probs_fails_the_same_test(model: torch.nn.Module, exact: dict) -> None:
     runs = 1500
     truth = _draft_distributions(model)
