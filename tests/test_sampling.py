@@ -103,8 +103,9 @@ def test_sampled_first_tokens_follow_the_exact_distribution(model: torch.nn.Modu
 
     One method is enough: for a seed every deterministic drafter emits the same tokens (the
     exact-equality test below), so the counts of any other method would be the very same.
-    Drafts being accepted does not give this test power over the drafting method; it does
-    give power to the lossy counterpart below, whose wrong rule acts only on drafted nodes.
+    Drafts being accepted does not give this test power over the drafting method; it gives
+    the lossy counterpart below its power, as that rule is wrong only where a walk ends on a
+    node with drafted children (the ``accepted`` check keeps such steps frequent).
     """
     runs = 1500
     counts, accepted = run_loop(model, make_drafter("racer", model), runs)
