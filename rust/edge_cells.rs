@@ -96,7 +96,8 @@ pub fn kind(cell: i32) -> EdgeKind {
 }
 
 /// A prior acceptance probability per cell: the raw estimate the cell stands for (a bucket's
-/// midpoint, `1 / (rank + 2)` for ranks, 0.5 for chains), used before any outcome is seen.
+/// midpoint, `2^-(rank + 1)` for ranks so that siblings sum below 1, 0.5 for chains), used
+/// before any outcome is seen.
 #[must_use]
 #[allow(clippy::cast_precision_loss)]
 pub fn priors() -> Vec<f32> {
@@ -105,7 +106,7 @@ pub fn priors() -> Vec<f32> {
         p[LOGITS_PROB + b] = (b as f32 + 0.5) / PROB_BUCKETS as f32;
     }
     for r in 0..RANK_BUCKETS {
-        p[LOGITS_RANK + r] = 1.0 / (r as f32 + 2.0);
+        p[LOGITS_RANK + r] = 0.5f32.powi(r as i32 + 1);
     }
     for m in 0..MATCH_BUCKETS {
         for s in 0..SHARE_BUCKETS {

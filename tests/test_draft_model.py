@@ -7,6 +7,7 @@ decodes) and greedy equivalence for ``racer_tts``.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -266,9 +267,10 @@ def exact_third_token(model: torch.nn.Module, prompt: list[int], temperature: fl
     return torch.einsum("a,ab,abc->c", p1, p2, p3).numpy()
 
 
-def third_token_sampling(drafter: Drafter, top_k: int, runs: int = 2000) -> tuple[float, int]:
+def third_token_sampling(drafter: Drafter, top_k: int, runs: int = 2000, **options: Any) -> tuple[float, int]:
     """p-value of the 3rd sampled token of ``runs`` seeded requests against its exact
-    distribution, and the number of requests in which drafted tokens were accepted."""
+    distribution, and the number of requests in which drafted tokens were accepted
+    (``options``: more arguments of ``generate``, e.g. ``capacity``)."""
     target = tiny_llama(10, hidden=32, vocab=SMALL_VOCAB, init=0.3)
     prompt = [1, 2, 3]
     temperature = 0.9
@@ -277,7 +279,8 @@ def third_token_sampling(drafter: Drafter, top_k: int, runs: int = 2000) -> tupl
     accepted = 0
     for seed in range(runs):
         result = racer_rs.generate(
-            target, prompt, max_new_tokens=4, temperature=temperature, top_k=top_k, seed=seed, drafter=drafter
+            target, prompt, max_new_tokens=4, temperature=temperature, top_k=top_k, seed=seed, drafter=drafter,
+            **options,
         )
         counts[result.tokens[2]] += 1
         accepted += result.steps < 4

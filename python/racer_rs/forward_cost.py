@@ -4,7 +4,8 @@ Speculative decoding pays off only when the tokens a tree adds are worth what ve
 and that cost depends on the hardware: nearly flat up to 64 nodes on a datacenter GPU, steep on a
 CPU. :func:`measure_forward_cost` times the real verification path (:class:`TreeVerifier`: tree
 mask, position ids, KV cache) at a given context length, interleaving the sizes over several rounds
-so that machine noise hits every size alike, and reports the median per size.
+so that machine noise hits every size alike, and reports the median per size. :class:`CostModel`
+turns two such curves into step-time predictions corrected online by the engine's own timings.
 """
 
 from __future__ import annotations
@@ -72,3 +73,125 @@ def measure_forward_cost(
             if round_index > 0:
                 samples[n].append(elapsed)
     return {n: float(np.median(times)) for n, times in samples.items()}
+
+
+#: Context lengths the cost curve is measured at; t(n) at other lengths is interpolated.
+CURVE_CONTEXTS = (128, 1024)
+#: Weight of the newest observation in the online correction of the cost curve.
+CORRECTION_RATE = 0.1
+
+
+def _bucket(n: int) -> int:
+    return max(0, int(n).bit_length() - 1)  # 1 -> 0, 2..3 -> 1, 4..7 -> 2, ...
+
+
+class CostModel:
+    """Predicted seconds of one decode step that verifies ``n`` tree tokens.
+
+    ``t(n, L)`` comes from curves measured at two context lengths (linear in ``L`` between and
+    beyond them), times a correction factor per size bucket (powers of two) learned online from
+    the engine's own forward timings, plus the step's time outside the forward (drafting,
+    acceptance, bookkeeping), also learned online. A bucket never observed uses the mean factor
+    of those that were, so a machine that got busier slows every prediction alike.
+
+    Args:
+        sizes: the tree sizes measured, ascending, starting at 1.
+        seconds: ``{context: seconds per size}`` for two context lengths.
+        factors: per-bucket correction factors to start from (``None``: none yet).
+        overhead: seconds per step outside the forward to start from.
+    """
+
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        seconds: dict[int, Sequence[float]],
+        factors: dict[int, float] | None = None,
+        overhead: float = 0.0,
+    ) -> None:
+        self.sizes = np.asarray(sizes, dtype=np.float64)
+        if len(self.sizes) < 1 or self.sizes[0] != 1 or np.any(np.diff(self.sizes) <= 0):
+            raise ValueError("sizes must ascend from 1")
+        if len(seconds) != 2 or any(len(v) != len(self.sizes) for v in seconds.values()):
+            raise ValueError("seconds must hold one curve per context length, for two lengths")
+        (self.short, short), (self.long, long) = sorted(seconds.items())
+        self.curve_short = np.asarray(short, dtype=np.float64)
+        self.curve_long = np.asarray(long, dtype=np.float64)
+        if not (np.all(self.curve_short > 0) and np.all(self.curve_long > 0)):
+            raise ValueError("measured seconds must be positive")
+        self.factors: dict[int, float] = dict(factors or {})
+        self.overhead = float(overhead)
+
+    @property
+    def max_size(self) -> int:
+        """The largest measured tree size."""
+        return int(self.sizes[-1])
+
+    def forward_seconds(self, n: np.ndarray, context: int) -> np.ndarray:
+        """Predicted forward seconds for tree sizes ``n`` at ``context`` tokens."""
+        n = np.asarray(n, dtype=np.float64)
+        short = np.interp(n, self.sizes, self.curve_short)
+        long = np.interp(n, self.sizes, self.curve_long)
+        weight = (context - self.short) / (self.long - self.short)
+        base = np.maximum(short + weight * (long - short), 1e-6)
+        default = float(np.mean(list(self.factors.values()))) if self.factors else 1.0
+        factor = np.asarray([self.factors.get(_bucket(int(k)), default) for k in n.ravel()]).reshape(n.shape)
+        return base * factor
+
+    def step_seconds(self, n: np.ndarray, context: int) -> np.ndarray:
+        """Predicted seconds of a whole decode step verifying ``n`` tree tokens."""
+        return self.forward_seconds(n, context) + self.overhead
+
+    def observe(self, n: int, context: int, forward: float, overhead: float) -> None:
+        """Correct the model with one step's measured forward and outside-forward seconds."""
+        bucket = _bucket(n)
+        predicted = float(self.forward_seconds(np.asarray([n]), context)[0]) / self.factors.get(bucket, 1.0)
+        ratio = forward / predicted
+        old = self.factors.get(bucket)
+        self.factors[bucket] = ratio if old is None else (1 - CORRECTION_RATE) * old + CORRECTION_RATE * ratio
+        self.overhead = (1 - CORRECTION_RATE) * self.overhead + CORRECTION_RATE * max(overhead, 0.0)
+
+    def state(self) -> dict[str, Any]:
+        """JSON-ready state (:meth:`from_state` restores it)."""
+        return {
+            "sizes": self.sizes.astype(int).tolist(),
+            "seconds": {str(self.short): self.curve_short.tolist(), str(self.long): self.curve_long.tolist()},
+            "factors": {str(k): v for k, v in self.factors.items()},
+            "overhead": self.overhead,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> CostModel:
+        """Restore :meth:`state`.
+
+        Raises:
+            ValueError: a malformed state.
+        """
+        try:
+            seconds = {int(k): [float(x) for x in v] for k, v in state["seconds"].items()}
+            factors = {int(k): float(v) for k, v in state.get("factors", {}).items()}
+            if not all(np.isfinite(v) and v > 0 for v in factors.values()):
+                raise ValueError("correction factors must be positive")
+            return cls(state["sizes"], seconds, factors, float(state.get("overhead", 0.0)))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"malformed cost state: {exc}") from None
+
+    def curve_ms(self, context: int) -> dict[int, float]:
+        """The corrected forward cost per measured size, in milliseconds (for reports)."""
+        return {int(n): round(1000 * float(t), 3) for n, t in zip(self.sizes, self.forward_seconds(self.sizes, context))}
+
+
+def measure_cost_model(model: Any, max_size: int, rounds: int = 2) -> CostModel:
+    """Measure a :class:`CostModel` for ``model``: sizes 1, 2, 4, ... up to ``max_size``."""
+    sizes = [1]
+    while sizes[-1] < max_size:
+        sizes.append(min(2 * sizes[-1], max_size))
+    window = getattr(model.config.get_text_config(), "max_position_embeddings", None) or 4096
+    seconds = {}
+    for context in CURVE_CONTEXTS:
+        context = min(context, max(1, int(window) - max_size - 1))
+        cost = measure_forward_cost(model, sizes, context=context, rounds=rounds)
+        seconds[context] = [cost[n] for n in sizes]
+    if len(seconds) < 2:  # a tiny window: one length, counted twice
+        only = next(iter(seconds.values()))
+        seconds = {1: only, 2: only}
+    return CostModel(sizes, seconds)

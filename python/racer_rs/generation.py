@@ -39,6 +39,7 @@ from racer_rs.sampling import (
     sample_nodes,
     sample_position,
 )
+from racer_rs.tree_size import TreeSizer, subtree
 from racer_rs.verify import TreeVerifier, model_window, topk_with_probs
 
 TIMING_KEYS = ("prefill", "draft", "verify", "forward", "bookkeeping", "total")
@@ -178,6 +179,8 @@ class DecodeLoop:
         eos_token_ids: ids that end the request.
         generator: random generator for sampling (``None``: torch's global one).
         streamer: optional adapted streamer.
+        sizer: with ``capacity="auto"``, chooses each step's tree size (``capacity`` is then
+            its upper bound).
     """
 
     def __init__(
@@ -189,6 +192,7 @@ class DecodeLoop:
         eos_token_ids: tuple[int, ...],
         generator: torch.Generator | None,
         streamer: _Streamer | None,
+        sizer: TreeSizer | None = None,
     ) -> None:
         self.verifier = verifier
         self.drafter = drafter
@@ -197,6 +201,7 @@ class DecodeLoop:
         self.eos = np.asarray(eos_token_ids, dtype=np.int32)
         self.generator = generator
         self.streamer = streamer
+        self.sizer = sizer
 
     def prefill(self, prompt: np.ndarray, max_new_tokens: int) -> DecodeState:
         """Run the prompt, pick the first token and start the drafter's request."""
@@ -253,14 +258,35 @@ class DecodeLoop:
             state.timings["bookkeeping"] += time.perf_counter() - started
             return
         started = time.perf_counter()
+        if self.sizer is not None:
+            self.drafter.edge_calibration = self.sizer.edge_probabilities()
         proposal = self.draft(state, min(self.capacity, remaining))
+        full, keep, expected = proposal.tree, None, 0.0
+        if self.sizer is not None:
+            keep, expected = self.sizer.choose(full, state.length)
+            proposal = _cut(proposal, keep)
         drafted = time.perf_counter()
+        forward_before = state.timings["forward"]
         verification = self.verify(state, proposal)
         verified = time.perf_counter()
         self.commit(state, proposal.tree, verification)
+        finished = time.perf_counter()
         state.timings["draft"] += drafted - started
         state.timings["verify"] += verified - drafted
-        state.timings["bookkeeping"] += time.perf_counter() - verified
+        state.timings["bookkeeping"] += finished - verified
+        if self.sizer is not None and keep is not None:
+            self.sizer.observe(
+                full,
+                keep,
+                verification.path,
+                verification.bonus,
+                randomized=proposal.draft_probs is not None and not self.sampling.greedy,
+                context=state.length - state.accepted_lengths[-1],
+                forward=state.timings["forward"] - forward_before,
+                step=finished - started,
+                expected=expected,
+                committed=state.accepted_lengths[-1],
+            )
 
     def draft(self, state: DecodeState, capacity: int) -> Proposal:
         """Ask the drafter for a tree rooted at ``state.next_token``."""
@@ -417,7 +443,8 @@ def generate(
     top_p: float = 1.0,
     top_k: int = 0,
     eos_token_id: int | Sequence[int] | None = None,
-    capacity: int = 64,
+    capacity: int | str = 64,
+    max_capacity: int = 64,
     seed: int | None = None,
     streamer: Any = None,
     drafter: Drafter | None = None,
@@ -434,7 +461,12 @@ def generate(
         top_p: nucleus filter in (0, 1].
         top_k: top-k filter (0 disables it).
         eos_token_id: one id or a list of ids that end generation (the EOS is kept).
-        capacity: the most draft-tree nodes per step, root included.
+        capacity: the most draft-tree nodes per step, root included; or ``"auto"``: every
+            step verifies the tree prefix with the most expected tokens per second, from the
+            target's measured forward cost on its device and the drafted nodes' calibrated
+            acceptance probabilities (:mod:`racer_rs.tree_size`; at most ``max_capacity``
+            nodes). Its per-request statistics are in ``extras["auto_capacity"]``.
+        max_capacity: the largest tree ``capacity="auto"`` may verify.
         seed: seeds a private random generator (``None``: torch's global RNG); for a seed,
             every method without draft probabilities samples the same text.
         streamer: receives committed tokens: ``put(tokens, drafted)`` + ``end()``, or an HF
@@ -456,7 +488,12 @@ def generate(
     verifier = TreeVerifier(model)
     prompt = _prompt_array(input_ids)
     _check_int("max_new_tokens", max_new_tokens, minimum=1)
-    _check_int("capacity", capacity, minimum=1)
+    auto = capacity == "auto"
+    if not auto:
+        if isinstance(capacity, str):
+            raise ValueError(f"capacity must be an int >= 1 or 'auto', got {capacity!r}")
+        _check_int("capacity", capacity, minimum=1)
+    _check_int("max_capacity", max_capacity, minimum=1)
     if seed is not None:
         _check_int("seed", seed, minimum=0)
     sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
@@ -480,12 +517,18 @@ def generate(
     generator = None
     if seed is not None:
         generator = torch.Generator(device=verifier.device).manual_seed(seed)
+    sizer, calibration_key = None, ""
+    if auto:
+        sizer, calibration_key = _auto_sizer(model, drafter.name, sampling.greedy, max_capacity)
+    drafter.edge_calibration = None
     adapted = _Streamer(streamer, prompt) if streamer is not None else None
-    loop = DecodeLoop(verifier, drafter, sampling, capacity, eos_ids, generator, adapted)
+    limit = max_capacity if auto else int(capacity)
+    loop = DecodeLoop(verifier, drafter, sampling, limit, eos_ids, generator, adapted, sizer)
     try:
         state = loop.run(prompt, max_new_tokens)
     finally:
         drafter.end()
+        drafter.edge_calibration = None
         if adapted is not None:
             adapted.end()
     state.timings["total"] = time.perf_counter() - total_start
@@ -493,6 +536,12 @@ def generate(
     extras = dict(drafter.stats())
     extras["mean_tree_size"] = state.tree_nodes / max(1, steps)
     extras["resampled_nodes"] = state.resampled_nodes
+    if sizer is not None:
+        from racer_rs import tree_size
+
+        tree_size.save_calibration(calibration_key, sizer.calibration)
+        tree_size.save_cost_model(model, sizer.cost)
+        extras["auto_capacity"] = sizer.report(state.length)
     return GenerationResult(
         tokens=state.context[state.prompt_length : state.length].tolist(),
         accepted_lengths=state.accepted_lengths,
@@ -503,6 +552,24 @@ def generate(
         method=drafter.name,
         extras=extras,
     )
+
+
+def _auto_sizer(model: PreTrainedModel, method: str, greedy: bool, max_capacity: int) -> tuple[TreeSizer, str]:
+    """The request's tree sizer: the model's cost model and a warm-started calibration."""
+    from racer_rs import tree_size
+
+    key = tree_size.calibration_key(model, method, greedy)
+    cost = tree_size.cost_model(model, max_capacity)
+    return TreeSizer(cost, tree_size.load_calibration(key), max_capacity), key
+
+
+def _cut(proposal: Proposal, keep: np.ndarray) -> Proposal:
+    """The proposal restricted to the nodes ``keep`` (a connected prefix of the tree)."""
+    if len(keep) == len(proposal.tree):
+        return proposal
+    probs = proposal.draft_probs
+    # A chain's best-first prefix is its first nodes, so its draft probabilities stay aligned.
+    return Proposal(subtree(proposal.tree, keep), None if probs is None else probs[: len(keep) - 1])
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -149,12 +149,17 @@ class Drafter(ABC):
         needs_logits: if true, ``StepOutcome.node_logits`` carries the tree's target logits.
         needs_topk_probs: if true, the top-k ids come with their probabilities
             (``RequestStart.prompt_topk_probs``, ``StepOutcome.topk_probs``).
+        edge_calibration: with ``capacity="auto"``, the engine sets this before every
+            ``propose`` to the calibrated acceptance probability of each edge cell
+            (``float32[EDGE_CELLS]``, see :mod:`racer_rs.acceptance_model`); a drafter that
+            grows its tree by estimated probability should grow it by these. ``None`` otherwise.
     """
 
     name: str = "drafter"
     needs_topk: int = 0
     needs_logits: bool = False
     needs_topk_probs: bool = False
+    edge_calibration: np.ndarray | None = None
 
     def begin(self, request: RequestStart) -> None:  # noqa: B027 - optional hook
         """Start a new request."""

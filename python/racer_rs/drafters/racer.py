@@ -114,6 +114,7 @@ class RacerDrafter(Drafter):
             exempt_depth=self.exempt_depth,
             scored=self.scored,
             min_score=self.min_score,
+            calibration=self.edge_calibration if self.scored else None,
         )
         return Proposal(tree)
 

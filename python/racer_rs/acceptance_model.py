@@ -1,0 +1,112 @@
+"""How likely each drafted node is to be accepted: per-edge-cell calibration, learned online.
+
+Every draft-tree node records the cell of the edge that drafted it (``DraftTree.cells``: chain
+depth, copy-logit probability or rank, retrieval match length and share). Given that its parent is
+accepted, a node is accepted with a probability that depends mostly on that cell, so counting
+outcomes per cell calibrates it:
+
+    q(cell) = (accepted(cell) + w * prior(cell)) / (tried(cell) + w)
+
+and a node's acceptance probability is the product of ``q`` along its path. By linearity, a tree
+is then expected to commit ``1 + sum of its drafted nodes' path probabilities`` tokens per step.
+
+Outcomes are observed for every child of an accepted node in the drafter's FULL tree, whether
+the step verified it or a size choice cut it: the target's token after an accepted node is known
+(the next accepted token, or the bonus), and a child is accepted exactly when it carries that
+token. So cutting nodes never starves a cell of evidence. With draft probabilities (chain
+speculative sampling) acceptance is randomised, and only verified nodes are observed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from racer_rs._native import EDGE_CELLS, DraftTree, edge_cell_priors
+
+#: Weight of a cell's prior, in observations.
+PRIOR_WEIGHT = 4.0
+#: A warm start keeps at most this many observations per cell, so a request's own outcomes
+#: soon outweigh what earlier requests (maybe of another kind of text) left behind.
+WARM_START_CAP = 64.0
+
+
+class EdgeCalibration:
+    """Per-cell acceptance counts and the calibrated edge probabilities they give."""
+
+    def __init__(self) -> None:
+        self.priors = edge_cell_priors().astype(np.float64)
+        self.accepted = np.zeros(EDGE_CELLS, dtype=np.float64)
+        self.tried = np.zeros(EDGE_CELLS, dtype=np.float64)
+
+    def probabilities(self) -> np.ndarray:
+        """``float32[EDGE_CELLS]``: calibrated probability that an edge of each cell is accepted."""
+        return ((self.accepted + PRIOR_WEIGHT * self.priors) / (self.tried + PRIOR_WEIGHT)).astype(np.float32)
+
+    def observe(self, cells: np.ndarray, accepted: np.ndarray) -> None:
+        """Count outcomes: edge ``cells[i]`` was accepted iff ``accepted[i]``."""
+        cells = np.asarray(cells, dtype=np.int64)
+        np.add.at(self.tried, cells, 1.0)
+        np.add.at(self.accepted, cells, np.asarray(accepted, dtype=np.float64))
+
+    def observe_step(self, tree: DraftTree, path: np.ndarray, bonus: int) -> None:
+        """Outcomes of every child of an accepted node of ``tree`` (see the module docstring).
+
+        Args:
+            tree: the drafter's full tree (before any cut).
+            path: accepted node indices of ``tree``, root first.
+            bonus: the target's token after the last accepted node.
+        """
+        path = np.asarray(path, dtype=np.int64)
+        parents = tree.parents
+        if len(parents) < 2:
+            return
+        # The target's token after each accepted node: the next accepted node's, then the bonus.
+        after = np.full(len(parents), -1, dtype=np.int64)
+        tokens = tree.tokens
+        after[path] = np.append(tokens[path[1:]], bonus)
+        children = np.flatnonzero(after[parents[1:]] >= 0) + 1  # nodes whose parent was accepted
+        self.observe(tree.cells[children], tokens[children] == after[parents[children]])
+
+    def observe_verified(self, tree: DraftTree, path: np.ndarray) -> None:
+        """Outcomes of the verified children of accepted nodes (randomised acceptance)."""
+        accepted = np.zeros(len(tree), dtype=bool)
+        accepted[np.asarray(path, dtype=np.int64)] = True
+        children = np.flatnonzero(accepted[tree.parents[1:]]) + 1
+        self.observe(tree.cells[children], accepted[children])
+
+    def state(self) -> dict[str, Any]:
+        """The counts, for :meth:`load` (JSON-ready)."""
+        return {"accepted": self.accepted.tolist(), "tried": self.tried.tolist()}
+
+    def load(self, state: dict[str, Any], cap: float = WARM_START_CAP) -> None:
+        """Warm-start from :meth:`state`, scaling each cell down to at most ``cap`` observations.
+
+        Raises:
+            ValueError: the state does not hold one count per cell.
+        """
+        accepted = np.asarray(state["accepted"], dtype=np.float64)
+        tried = np.asarray(state["tried"], dtype=np.float64)
+        if accepted.shape != (EDGE_CELLS,) or tried.shape != (EDGE_CELLS,):
+            raise ValueError(f"calibration state must hold {EDGE_CELLS} counts per field")
+        if not (np.all(np.isfinite(tried)) and np.all(tried >= 0) and np.all((accepted >= 0) & (accepted <= tried))):
+            raise ValueError("calibration state holds invalid counts")
+        scale = np.minimum(1.0, cap / np.maximum(tried, 1e-9))
+        self.accepted, self.tried = accepted * scale, tried * scale
+
+
+def path_probabilities(tree: DraftTree, edge_probabilities: np.ndarray) -> np.ndarray:
+    """``float64[n]``: each node's probability of being accepted (the root's is 1).
+
+    The product of the calibrated edge probabilities along the node's path, computed depth by
+    depth (parents precede children in BFS order).
+    """
+    parents, depths = tree.parents, tree.depths
+    probs = np.ones(len(parents), dtype=np.float64)
+    if len(parents) > 1:
+        edge = np.asarray(edge_probabilities, dtype=np.float64)[tree.cells[1:]]
+        for depth in range(1, int(depths[-1]) + 1):
+            level = np.flatnonzero(depths == depth)
+            probs[level] = probs[parents[level]] * edge[level - 1]
+    return probs

@@ -1,0 +1,254 @@
+"""``capacity="auto"``: each step verifies the tree prefix that maximises expected tokens per second.
+
+A drafter proposes its tree at the largest allowed size; every node gets a calibrated acceptance
+probability (:mod:`racer_rs.acceptance_model`), nodes are ranked best first (probability, then
+depth, so every prefix is a connected tree: a child never outranks its parent), and the step
+keeps the ``n`` best that maximise
+
+    (1 + sum of the kept drafted nodes' probabilities) / (t(n) + overhead)
+
+with ``t`` the forward cost model of the target on its device (:class:`racer_rs.forward_cost.
+CostModel`). ``n = 1`` is a plain decoding step, chosen when no draft pays for its verification.
+Only past outcomes and timings enter the choice, never the target's output for the step itself.
+
+The cost curve is measured once per model, device, dtype and thread count and cached on disk
+with its online corrections; the calibration is kept per model, method and decoding mode and
+warm-starts each request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from racer_rs._native import DraftTree
+from racer_rs.acceptance_model import EdgeCalibration, path_probabilities
+from racer_rs.forward_cost import CostModel, measure_cost_model
+
+#: Cached-state format; files of another format are measured again.
+STATE_FORMAT = 1
+
+
+def best_prefix_size(probabilities: np.ndarray, step_seconds: np.ndarray) -> int:
+    """The prefix size ``n`` (root included) with the most expected tokens per second.
+
+    Args:
+        probabilities: acceptance probabilities of the drafted nodes, best first (``n - 1`` of
+            them are kept with a prefix of ``n``).
+        step_seconds: predicted seconds of a step verifying ``1, 2, ...`` nodes; its length
+            bounds ``n``.
+
+    Returns:
+        ``n >= 1``; ties go to the smaller tree.
+    """
+    limit = min(len(step_seconds), len(probabilities) + 1)
+    expected = 1.0 + np.concatenate([[0.0], np.cumsum(probabilities[: limit - 1])])
+    rate = expected / np.asarray(step_seconds[:limit], dtype=np.float64)
+    return int(np.argmax(rate)) + 1
+
+
+def best_first_order(tree: DraftTree, probabilities: np.ndarray) -> np.ndarray:
+    """Node indices by descending probability, shallower first on ties (root first)."""
+    return np.lexsort((np.arange(len(tree)), tree.depths, -probabilities))
+
+
+def subtree(tree: DraftTree, keep: np.ndarray) -> DraftTree:
+    """The tree of the nodes ``keep`` (ascending, ancestor-closed, root included), BFS order kept."""
+    new_index = np.full(len(tree), -1, dtype=np.int32)
+    new_index[keep] = np.arange(len(keep), dtype=np.int32)
+    parents = tree.parents[keep]
+    parents = np.where(parents < 0, -1, new_index[np.maximum(parents, 0)]).astype(np.int32)
+    return DraftTree(tree.tokens[keep], parents, tree.cells[keep])
+
+
+class TreeSizer:
+    """Chooses each step's tree size for one request and learns from its outcomes.
+
+    Args:
+        cost: the target's cost model (shared by the requests of this process).
+        calibration: the request's edge calibration (warm-started by the caller).
+        max_capacity: the largest tree.
+    """
+
+    def __init__(self, cost: CostModel, calibration: EdgeCalibration, max_capacity: int) -> None:
+        self.cost = cost
+        self.calibration = calibration
+        self.max_capacity = max_capacity
+        self.sizes: Counter[int] = Counter()
+        self.predicted: list[float] = []
+        self.observed: list[int] = []
+
+    def edge_probabilities(self) -> np.ndarray:
+        """The calibrated probability of every edge cell (for drafters that build by it)."""
+        return self.calibration.probabilities()
+
+    def choose(self, tree: DraftTree, context: int) -> tuple[np.ndarray, float]:
+        """The nodes to verify and the tokens they are expected to commit.
+
+        Args:
+            tree: the drafter's full tree.
+            context: committed tokens (the forward's prefix length).
+
+        Returns:
+            ``(keep, expected)``: ascending node indices (a connected tree with the root), and
+            ``1 +`` the sum of their acceptance probabilities.
+        """
+        probabilities = path_probabilities(tree, self.calibration.probabilities())
+        order = best_first_order(tree, probabilities)
+        limit = min(len(tree), self.max_capacity)
+        steps = self.cost.step_seconds(np.arange(1, limit + 1), context)
+        n = best_prefix_size(probabilities[order[1:]], steps)
+        keep = np.sort(order[:n])
+        return keep, float(probabilities[keep].sum())
+
+    def observe(
+        self,
+        full: DraftTree,
+        keep: np.ndarray,
+        path: list[int],
+        bonus: int,
+        randomized: bool,
+        context: int,
+        forward: float,
+        step: float,
+        expected: float,
+        committed: int,
+    ) -> None:
+        """Learn from one verified step.
+
+        Args:
+            full: the drafter's full tree; ``keep`` the verified nodes of it.
+            path: accepted node indices of the verified tree; ``bonus`` the token after them.
+            randomized: acceptance was randomised (chain speculative sampling): only verified
+                nodes are evidence then.
+            context: the step's prefix length; ``forward`` and ``step`` its measured seconds.
+            expected: tokens the choice expected; ``committed`` tokens the step committed.
+        """
+        accepted = keep[np.asarray(path, dtype=np.int64)]
+        if randomized:
+            self.calibration.observe_verified(subtree(full, keep), np.asarray(path))
+        else:
+            self.calibration.observe_step(full, accepted, bonus)
+        self.cost.observe(len(keep), context, forward, step - forward)
+        self.sizes[len(keep)] += 1
+        self.predicted.append(expected)
+        self.observed.append(committed)
+
+    def report(self, context: int) -> dict[str, Any]:
+        """Per-request statistics for ``GenerationResult.extras["auto_capacity"]``."""
+        steps = len(self.observed)
+        return {
+            "max_capacity": self.max_capacity,
+            "chosen_sizes": dict(sorted(self.sizes.items())),
+            "steps": steps,
+            "predicted_tokens_per_step": float(np.mean(self.predicted)) if steps else 0.0,
+            "observed_tokens_per_step": float(np.mean(self.observed)) if steps else 0.0,
+            "cost_curve_ms": self.cost.curve_ms(context),
+            "overhead_ms": round(1000 * self.cost.overhead, 3),
+        }
+
+
+# --- state shared across requests: in memory, and cached on disk ---------------------------
+
+_costs: dict[str, CostModel] = {}
+_calibrations: dict[str, dict[str, Any]] = {}
+
+
+def model_key(model: Any) -> str:
+    """A short identity of a model's weights and configuration (not its file's path)."""
+    config = model.config.to_dict()
+    config.pop("_name_or_path", None)
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    parameters = list(model.parameters())
+    digest.update(str(sum(p.numel() for p in parameters)).encode())
+    for parameter in (parameters[0], parameters[-1]):
+        digest.update(parameter.detach().flatten()[:4096].float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _state_dir(kind: str) -> Path:
+    from racer_rs.gguf_cache import cache_root
+
+    return cache_root() / "tree_size" / kind
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # absent, unreadable or half-written: measured again, never trusted
+    return data if isinstance(data, dict) and data.get("format") == STATE_FORMAT else None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically (temporary file, then rename); a failure only loses the cache."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            json.dump({"format": STATE_FORMAT, **data}, file)
+        os.replace(temporary, path)
+    except OSError:
+        pass
+
+
+def cost_key(model: Any) -> str:
+    """Key of a cost curve: model, device, dtype and torch's thread count."""
+    import torch
+
+    parameter = next(model.parameters())
+    return f"{model_key(model)}-{parameter.device.type}-{str(parameter.dtype).removeprefix('torch.')}-{torch.get_num_threads()}t"
+
+
+def cost_model(model: Any, max_capacity: int) -> CostModel:
+    """The model's cost model: from this process, else the disk cache, else measured now."""
+    key = cost_key(model)
+    cached = _costs.get(key)
+    if cached is None:
+        state = _read_json(_state_dir("cost") / f"{key}.json")
+        try:
+            cached = CostModel.from_state(state["cost"]) if state else None
+        except ValueError:
+            cached = None
+    if cached is None or cached.max_size < max_capacity:
+        cached = measure_cost_model(model, max_capacity)
+    _costs[key] = cached
+    return cached
+
+
+def save_cost_model(model: Any, cost: CostModel) -> None:
+    """Store the (corrected) cost model on disk."""
+    _write_json(_state_dir("cost") / f"{cost_key(model)}.json", {"cost": cost.state()})
+
+
+def calibration_key(model: Any, method: str, greedy: bool) -> str:
+    """Key of a calibration: model, method and decoding mode."""
+    return f"{model_key(model)}-{method}-{'greedy' if greedy else 'sampling'}"
+
+
+def load_calibration(key: str) -> EdgeCalibration:
+    """A calibration warm-started from this process's or the disk's last state for ``key``."""
+    calibration = EdgeCalibration()
+    state = _calibrations.get(key)
+    if state is None:
+        stored = _read_json(_state_dir("calibration") / f"{key}.json")
+        state = stored.get("calibration") if stored else None
+    if state is not None:
+        try:
+            calibration.load(state)
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged state: start from the priors
+    return calibration
+
+
+def save_calibration(key: str, calibration: EdgeCalibration) -> None:
+    """Keep a request's final calibration for the next request (in memory and on disk)."""
+    _calibrations[key] = calibration.state()
+    _write_json(_state_dir("calibration") / f"{key}.json", {"calibration": _calibrations[key]})

@@ -1,0 +1,372 @@
+"""``capacity="auto"``: the size rule, the acceptance calibration, the cost model, and the engine.
+
+The rule is checked on synthetic curves and probabilities against a brute-force oracle; the
+calibration on streams with known acceptance rates; the engine for greedy equivalence with plain
+decoding and exact sampled text with every method, under cost curves that force every kind of cut.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import racer_rs  # noqa: E402
+from racer_rs import EDGE_CELLS, DraftTree, edge_cell_priors, tree_size  # noqa: E402
+from racer_rs.acceptance_model import PRIOR_WEIGHT, EdgeCalibration, path_probabilities  # noqa: E402
+from racer_rs.forward_cost import CostModel  # noqa: E402
+from racer_rs.sampling import SamplingConfig  # noqa: E402
+from racer_rs.tree_size import TreeSizer, best_first_order, best_prefix_size, subtree  # noqa: E402
+from tests.tiny_models import REPEATING_PROMPT, plain_greedy, plain_sampling, seeded_llama, tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def brute_force_size(probabilities: list[float], seconds: list[float]) -> int:
+    """The oracle: try every prefix size, keep the first best rate."""
+    best, best_rate = 1, -1.0
+    for n in range(1, min(len(seconds), len(probabilities) + 1) + 1):
+        rate = (1 + sum(probabilities[: n - 1])) / seconds[n - 1]
+        if rate > best_rate + 1e-12:
+            best, best_rate = n, rate
+    return best
+
+
+# --- the choice rule -----------------------------------------------------------------------
+
+
+def test_flat_cost_verifies_the_whole_tree():
+    probabilities = np.array([0.3, 0.2, 0.05, 0.01, 0.001])
+    assert best_prefix_size(probabilities, np.full(6, 0.05)) == 6
+    assert best_prefix_size(probabilities, np.full(4, 0.05)) == 4  # bounded by the largest size
+
+
+def test_steep_cost_and_low_probabilities_decode_plainly():
+    steep = 0.05 * np.arange(1, 17)  # every node costs a whole forward
+    assert best_prefix_size(np.full(15, 0.3), steep) == 1
+    assert best_prefix_size(np.full(15, 0.99), 0.05 * (1 + 0.5 * np.arange(16))) > 1  # unless they pay
+
+
+def test_the_root_counts_as_a_token():
+    # One sure node at half again the cost: 2 tokens per 1.5 units beats 1 per 1.
+    assert best_prefix_size(np.array([1.0]), np.array([1.0, 1.5])) == 2
+    # A node that pays less than its cost is left out, even though it adds expected tokens.
+    assert best_prefix_size(np.array([0.4]), np.array([1.0, 1.5])) == 1
+
+
+sorted_probabilities = st.lists(st.floats(0.0, 1.0), min_size=0, max_size=24).map(lambda p: sorted(p, reverse=True))
+increments = st.lists(st.floats(0.0, 2.0), min_size=1, max_size=25)
+
+
+def _seconds(base: float, steps: list[float]) -> np.ndarray:
+    return base + np.cumsum([0.0, *steps])[: len(steps)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(sorted_probabilities, st.floats(0.01, 5.0), increments)
+def test_rule_matches_the_brute_force_oracle(probabilities, base, steps):
+    seconds = _seconds(base, steps)
+    assert best_prefix_size(np.asarray(probabilities), seconds) == brute_force_size(probabilities, list(seconds))
+
+
+@settings(max_examples=200, deadline=None)
+@given(sorted_probabilities, st.floats(0.01, 5.0), increments, st.integers(0, 23), st.floats(0.0, 1.0))
+def test_higher_probabilities_never_shrink_the_tree(probabilities, base, steps, index, raise_to):
+    if not probabilities:
+        return
+    seconds = _seconds(base, steps)
+    index %= len(probabilities)
+    higher = list(probabilities)
+    higher[index] = max(higher[index], raise_to)
+    higher.sort(reverse=True)
+    before = best_prefix_size(np.asarray(probabilities), seconds)
+    assert best_prefix_size(np.asarray(higher), seconds) >= before
+
+
+@settings(max_examples=200, deadline=None)
+@given(sorted_probabilities, st.floats(0.01, 5.0), increments, st.integers(1, 24), st.floats(0.0, 3.0))
+def test_costlier_big_trees_never_grow_the_tree(probabilities, base, steps, from_size, extra):
+    seconds = _seconds(base, steps)
+    costlier = seconds.copy()
+    costlier[min(from_size, len(costlier)) :] += extra  # every tree from some size on costs more
+    before = best_prefix_size(np.asarray(probabilities), seconds)
+    assert best_prefix_size(np.asarray(probabilities), costlier) <= before
+
+
+def test_a_rule_without_the_root_fails_the_oracle():
+    """The oracle tests can fail: dropping the root's token from the expectation changes choices."""
+
+    def rootless(probabilities: np.ndarray, seconds: np.ndarray) -> int:
+        expected = np.concatenate([[0.0], np.cumsum(probabilities)])[: len(seconds)]
+        return int(np.argmax(expected / seconds[: len(expected)])) + 1
+
+    probabilities, seconds = [0.4], [1.0, 1.5]
+    assert rootless(np.asarray(probabilities), np.asarray(seconds)) != brute_force_size(probabilities, seconds)
+
+
+# --- trees, path probabilities and cuts ----------------------------------------------------
+
+
+@st.composite
+def trees(draw):
+    n = draw(st.integers(1, 30))
+    parents = [-1]
+    for i in range(1, n):
+        parents.append(draw(st.integers(max(0, parents[-1]), i - 1)))  # BFS: parents non-decreasing
+    cells = [-1] + [draw(st.integers(0, EDGE_CELLS - 1)) for _ in range(n - 1)]
+    return DraftTree(list(range(n)), parents, cells)
+
+
+@settings(max_examples=150, deadline=None)
+@given(trees(), st.lists(st.floats(0.0, 1.0), min_size=EDGE_CELLS, max_size=EDGE_CELLS))
+def test_path_probability_is_the_product_along_the_path(tree, edge):
+    probabilities = path_probabilities(tree, np.asarray(edge))
+    for node in range(len(tree)):
+        expected, at = 1.0, node
+        while at > 0:
+            expected *= edge[tree.cells[at]]
+            at = tree.parents[at]
+        assert probabilities[node] == pytest.approx(expected, rel=1e-9, abs=1e-300)
+
+
+@settings(max_examples=150, deadline=None)
+@given(trees(), st.lists(st.floats(0.0, 1.0), min_size=EDGE_CELLS, max_size=EDGE_CELLS), st.integers(1, 30))
+def test_every_best_first_prefix_is_a_connected_tree(tree, edge, n):
+    probabilities = path_probabilities(tree, np.asarray(edge))
+    keep = np.sort(best_first_order(tree, probabilities)[: min(n, len(tree))])
+    kept = set(keep.tolist())
+    assert 0 in kept and all(tree.parents[k] in kept for k in keep if k > 0)
+    cut = subtree(tree, keep)
+    assert cut.tokens.tolist() == tree.tokens[keep].tolist() and cut.cells.tolist() == tree.cells[keep].tolist()
+    for new, old in enumerate(keep):
+        if old > 0:
+            assert cut.tokens[cut.parents[new]] == tree.tokens[tree.parents[old]]
+
+
+def test_an_order_ignoring_depth_on_ties_can_cut_a_parent_away():
+    """Why ties go to the shallower node: with sure edges a child ties its parent."""
+    tree = DraftTree([0, 1, 2], [-1, 0, 1], [-1, 0, 1])
+    probabilities = np.ones(3)
+    deepest_first = np.lexsort((-tree.depths, -probabilities))[:2]
+    assert set(deepest_first.tolist()) == {1, 2}  # nodes without the root: not a tree
+    assert np.sort(best_first_order(tree, probabilities)[:2]).tolist() == [0, 1]
+
+
+# --- calibration ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate", [0.05, 0.3, 0.8])
+def test_calibration_converges_to_a_known_acceptance_rate(rate):
+    rng = np.random.default_rng(0)
+    calibration = EdgeCalibration()
+    cell = 40
+    outcomes = rng.random(5000) < rate
+    calibration.observe(np.full(5000, cell), outcomes)
+    assert calibration.probabilities()[cell] == pytest.approx(rate, abs=0.02)
+    untouched = np.delete(np.arange(EDGE_CELLS), cell)
+    assert np.allclose(calibration.probabilities()[untouched], edge_cell_priors()[untouched])
+
+
+def test_a_calibration_that_ignores_outcomes_fails_the_convergence_check():
+    calibration = EdgeCalibration()
+    calibration.observe(np.full(5000, 40), np.ones(5000, dtype=bool) * 0)  # every outcome a rejection
+    assert calibration.probabilities()[40] < 0.01
+    ignoring = EdgeCalibration()
+    ignoring.tried[40] += 5000  # counts tries but never acceptances: stuck at 0 whatever the rate
+    assert ignoring.probabilities()[40] != pytest.approx(0.3, abs=0.02)
+
+
+def test_observing_a_step_counts_every_child_of_an_accepted_node():
+    # root 0 -> a(1) -> c(3); root -> b(2); a -> d(4). The target produced a, c, then bonus 9.
+    tree = DraftTree([5, 10, 11, 12, 13], [-1, 0, 0, 1, 1], [-1, 0, 1, 2, 3])
+    calibration = EdgeCalibration()
+    calibration.observe_step(tree, np.array([0, 1, 3]), bonus=9)
+    tried, accepted = calibration.tried, calibration.accepted
+    assert tried[:5].tolist() == [1, 1, 1, 1, 0]  # children of root and of a; c has no children
+    assert accepted[:5].tolist() == [1, 0, 1, 0, 0]  # a and c accepted; b and d not
+
+
+def test_cut_children_of_accepted_nodes_are_evidence_too():
+    # The step verified only root and a; b was cut. The target's token after root was a.
+    tree = DraftTree([5, 10, 11], [-1, 0, 0], [-1, 0, 1])
+    calibration = EdgeCalibration()
+    calibration.observe_step(tree, np.array([0]), bonus=11)  # a rejected: the target said b
+    assert calibration.tried[:2].tolist() == [1, 1] and calibration.accepted[:2].tolist() == [0, 1]
+
+
+def test_warm_start_caps_old_evidence():
+    old = EdgeCalibration()
+    old.observe(np.full(10_000, 7), np.ones(10_000, dtype=bool))
+    fresh = EdgeCalibration()
+    fresh.load(old.state(), cap=64)
+    assert fresh.tried[7] == pytest.approx(64) and fresh.accepted[7] == pytest.approx(64)
+    fresh.observe(np.full(200, 7), np.zeros(200, dtype=bool))
+    assert fresh.probabilities()[7] < 0.3  # the request's own outcomes dominate
+    with pytest.raises(ValueError):
+        fresh.load({"accepted": [1.0] * EDGE_CELLS, "tried": [0.0] * EDGE_CELLS})  # accepted > tried
+
+
+# --- the cost model ------------------------------------------------------------------------
+
+
+def steep_cost(per_node: float = 1.0, overhead: float = 0.0) -> CostModel:
+    """t(n) = 1 + per_node * (n - 1) at 128 tokens of context, twice that at 1024."""
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    short = [1 + per_node * (n - 1) for n in sizes]
+    return CostModel(sizes, {128: short, 1024: [2 * t for t in short]}, overhead=overhead)
+
+
+def test_cost_interpolates_sizes_and_context_lengths():
+    cost = steep_cost()
+    assert cost.forward_seconds(np.array([3]), 128)[0] == pytest.approx(3.0)
+    assert cost.forward_seconds(np.array([2]), 576)[0] == pytest.approx(3.0)
+
+
+def test_cost_corrects_itself_from_observed_steps():
+    cost = steep_cost(per_node=0.0)
+    for _ in range(100):  # the machine became twice as slow for single tokens
+        cost.observe(1, 128, forward=2.0, overhead=0.5)
+    assert cost.forward_seconds(np.array([1]), 128)[0] == pytest.approx(2.0, rel=0.01)
+    assert cost.forward_seconds(np.array([64]), 128)[0] == pytest.approx(2.0, rel=0.01)  # unseen: mean factor
+    assert cost.overhead == pytest.approx(0.5, rel=0.01)
+    restored = CostModel.from_state(json.loads(json.dumps(cost.state())))
+    assert restored.forward_seconds(np.array([16]), 700) == pytest.approx(cost.forward_seconds(np.array([16]), 700))
+    with pytest.raises(ValueError):
+        CostModel.from_state({"sizes": [1, 2], "seconds": {"1": [1.0]}})
+
+
+# --- the engine ----------------------------------------------------------------------------
+
+METHODS = ["ar", "pld", "token_recycling", "racer", "racer_scored", "racer_retrieval", "racer_logits"]
+COSTS = {
+    "flat": lambda: CostModel([1, 64], {1: [1.0, 1.0], 2: [1.0, 1.0]}),
+    "steep": lambda: steep_cost(per_node=1.0),
+    "mild": lambda: steep_cost(per_node=0.05, overhead=0.2),
+}
+
+
+@pytest.fixture
+def forced_cost(monkeypatch, tmp_path):
+    """Use a given cost curve, frozen (no online correction), and a private cache."""
+    monkeypatch.setenv("RACER_RS_CACHE", str(tmp_path))
+    monkeypatch.setattr(tree_size, "_calibrations", {})
+    monkeypatch.setattr(CostModel, "observe", lambda self, *args, **kwargs: None)
+
+    def force(kind: str) -> None:
+        monkeypatch.setattr(tree_size, "cost_model", lambda model, max_capacity: COSTS[kind]())
+
+    return force
+
+
+@pytest.mark.parametrize("cost", list(COSTS))
+@pytest.mark.parametrize("method", METHODS)
+def test_auto_greedy_equals_plain_greedy(forced_cost, method, cost):
+    forced_cost(cost)
+    model = tiny_model("llama", seed=0, sharpen=4.0)
+    expected = plain_greedy(model, REPEATING_PROMPT, 40)
+    result = racer_rs.generate(model, REPEATING_PROMPT, method=method, max_new_tokens=40, capacity="auto")
+    assert result.tokens == expected
+    report = result.extras["auto_capacity"]
+    assert sum(report["chosen_sizes"].values()) == report["steps"] >= 1
+    if cost == "steep" and method != "ar":
+        assert set(report["chosen_sizes"]) == {1}  # nothing pays at a whole forward per node
+    if cost == "flat" and method in ("racer", "racer_scored"):
+        assert max(report["chosen_sizes"]) > 8
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_auto_sampling_equals_plain_sampling(forced_cost, method):
+    forced_cost("mild")
+    model = tiny_model("llama", seed=1, sharpen=15.0)
+    config = SamplingConfig(temperature=1.0, top_p=0.9)
+    for seed in range(2):
+        expected = plain_sampling(model, REPEATING_PROMPT, 40, config, seed)
+        result = racer_rs.generate(
+            model, REPEATING_PROMPT, method=method, max_new_tokens=40, temperature=1.0, top_p=0.9,
+            seed=seed, capacity="auto",
+        )
+        assert result.tokens == expected, (method, seed)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "tts", "racer_tts"])
+def test_auto_with_draft_model_methods_is_lossless_in_greedy(forced_cost, method):
+    forced_cost("mild")
+    target, draft = seeded_llama(11), seeded_llama(12, hidden=16)
+    prompt = [3, 17, 42, 8, 3, 17, 42, 8, 3]
+    expected = plain_greedy(target, prompt, 32)
+    result = racer_rs.generate(
+        target, prompt, method=method, max_new_tokens=32, capacity="auto", draft_model=draft, canvas=6
+    )
+    assert result.tokens == expected
+
+
+def test_auto_reports_sizes_predictions_and_the_cost_curve(forced_cost):
+    forced_cost("mild")
+    model = tiny_model("llama", seed=0, sharpen=4.0)
+    result = racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=40, capacity="auto", max_capacity=16)
+    report = result.extras["auto_capacity"]
+    assert report["max_capacity"] == 16 and max(report["chosen_sizes"]) <= 16
+    assert report["observed_tokens_per_step"] == pytest.approx(np.mean(result.accepted_lengths[: report["steps"]]))
+    assert report["predicted_tokens_per_step"] >= 1.0
+    assert set(report["cost_curve_ms"]) == {1, 2, 4, 8, 16, 32, 64}
+    assert result.extras["mean_tree_size"] <= 16
+
+
+def test_bad_capacity_values_are_clear_errors():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="capacity must be an int >= 1 or 'auto'"):
+        racer_rs.generate(model, [1, 2, 3], capacity="automatic")
+    with pytest.raises(ValueError, match="max_capacity must be >= 1"):
+        racer_rs.generate(model, [1, 2, 3], capacity="auto", max_capacity=0)
+
+
+def test_cost_curve_is_measured_once_and_cached_on_disk(monkeypatch, tmp_path):
+    monkeypatch.setenv("RACER_RS_CACHE", str(tmp_path))
+    monkeypatch.setattr(tree_size, "_costs", {})
+    measured = []
+    real = tree_size.measure_cost_model
+    monkeypatch.setattr(tree_size, "measure_cost_model", lambda m, n: measured.append(n) or real(m, n, rounds=1))
+    model = tiny_model("llama", seed=0, sharpen=4.0)
+    racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=8, capacity="auto", max_capacity=8)
+    assert measured == [8]
+    files = list((tmp_path / "tree_size" / "cost").glob("*.json"))
+    assert len(files) == 1
+    monkeypatch.setattr(tree_size, "_costs", {})  # a new process: read from disk, not measured
+    racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=8, capacity="auto", max_capacity=8)
+    assert measured == [8]
+    files[0].write_text("{half-written", encoding="utf-8")  # a damaged file is measured again
+    monkeypatch.setattr(tree_size, "_costs", {})
+    racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=8, capacity="auto", max_capacity=8)
+    assert measured == [8, 8]
+
+
+def test_calibration_warm_starts_the_next_request(forced_cost):
+    forced_cost("mild")
+    model = tiny_model("llama", seed=0, sharpen=4.0)
+    racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=40, capacity="auto")
+    key = tree_size.calibration_key(model, "racer", greedy=True)
+    warm = tree_size.load_calibration(key)
+    assert warm.tried.sum() > 0
+    assert not np.allclose(warm.probabilities(), EdgeCalibration().probabilities())
+    assert PRIOR_WEIGHT > 0
+
+
+@pytest.mark.slow
+def test_auto_chain_sampling_keeps_the_target_distribution(forced_cost):
+    """Chain speculative sampling on chains cut by the size choice: the 3rd token's distribution."""
+    from racer_rs.drafters import make_drafter
+    from tests.test_draft_model import ShiftedReportDrafter, third_token_draft, third_token_sampling
+
+    forced_cost("mild")
+    drafter = make_drafter("draft_model", None, draft_model=third_token_draft(), canvas=3)
+    pvalue, accepted = third_token_sampling(drafter, top_k=0, capacity="auto", max_capacity=4)
+    assert accepted > 200 and pvalue > 1e-3
+    lossy = ShiftedReportDrafter(None, draft_model=third_token_draft(), canvas=3)
+    pvalue, _ = third_token_sampling(lossy, top_k=0, capacity="auto", max_capacity=4)
+    assert pvalue < 1e-3  # the same test rejects misreported draft probabilities
