@@ -463,3 +463,31 @@ def test_a_later_turn_after_a_differing_answer_is_not_compared():
     assert [(r.method, r.turn, r.mismatch) for r in records] == [
         ("ar", 0, None), ("ar", 1, None), ("pld", 0, True), ("pld", 1, None)
     ]
+
+
+def test_methods_may_carry_their_own_capacity_including_auto(tiny_model, data_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = bench_args(tiny_model, data_file, out, "--methods", "racer@2,racer@auto,pld", "--no-plots", "--temperature", "0")
+    code, stdout, stderr, report = run_bench(capsys, [*argv, "--max-capacity", "8"])
+    assert code == 0, stderr
+    assert report["config"]["methods"] == ["ar", "racer@2", "racer@auto", "pld"]
+    assert report["config"]["max_capacity"] == 8
+    by_label = {}
+    for record in report["records"]:
+        by_label.setdefault(record["method"], []).append(record)
+        if record["method"] != "ar":
+            assert record["mismatch"] is False
+    assert all(r["extras"]["mean_tree_size"] <= 2 for r in by_label["racer@2"])
+    auto = [r["extras"]["auto_capacity"] for r in by_label["racer@auto"]]
+    assert all(max(a["chosen_sizes"]) <= 8 for a in auto)
+    assert all("auto_capacity" not in r["extras"] for r in by_label["racer@2"])
+    assert "racer@auto" in stdout
+
+
+@pytest.mark.parametrize(
+    ("methods", "fragment"),
+    [("racer@0", "capacity must be an int >= 1 or 'auto'"), ("hf@4", "peers take no capacity"), ("nope@4", "unknown method")],
+)
+def test_bad_method_capacities_are_one_line_errors(tiny_model, data_file, tmp_path, capsys, methods, fragment):
+    code, _, err, _ = run_bench(capsys, bench_args(tiny_model, data_file, tmp_path / "out", "--methods", methods))
+    assert_one_line_error(code, err, fragment)

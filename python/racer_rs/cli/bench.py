@@ -23,7 +23,7 @@ from racer_rs.cli.loading import eos_token_ids
 from racer_rs.cli.options import parse_options
 from racer_rs.cli.report import build_report, format_table, mismatched_records, summarise, write_json
 from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
-from racer_rs.cli.runner import PEERS, BenchConfig, BenchmarkRunner, Record, Setting
+from racer_rs.cli.runner import PEERS, BenchConfig, BenchmarkRunner, Record, Setting, parse_capacity, split_label
 
 DEFAULT_METHODS = ("ar", "hf", "hf_pld", "pld", "token_recycling", "racer", "racer_scored")
 DEFAULT_LIMIT = 2
@@ -55,7 +55,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--methods",
         help="comma-separated methods: racer_rs's and transformers' peers hf, hf_pld, hf_assisted "
-        "(ar is always added as the baseline)",
+        "(ar is always added as the baseline); METHOD@CAPACITY gives one its own tree capacity, "
+        "e.g. racer@16,racer@auto",
     )
     parser.add_argument("--max-new-tokens", type=common.positive_int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument(
@@ -85,10 +86,17 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--top-k", type=common.non_negative_int, default=0, help="for sampling settings")
     parser.add_argument(
         "--capacity",
-        type=common.positive_int,
+        type=common.capacity,
         default=None,
-        help="draft tree nodes (default: 64 on a GPU; 16 on a CPU, where every extra node costs "
-        "verification time)",
+        help="draft tree nodes, or auto: each step verifies the tree prefix with the most expected "
+        "tokens per second on this device (default: 64 on a GPU; 16 on a CPU, where every extra "
+        "node costs verification time)",
+    )
+    parser.add_argument(
+        "--max-capacity",
+        type=common.positive_int,
+        default=64,
+        help="largest tree --capacity auto may verify (default: 64)",
     )
     parser.add_argument("--seed", type=common.non_negative_int, default=0, help="question i uses seed + i")
     parser.add_argument("--persistent", action="store_true", help="keep drafter state across requests")
@@ -109,7 +117,19 @@ def _methods(args: argparse.Namespace) -> list[str]:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise CLIError("--methods: no method given")
-    common.check_methods(methods, extra=PEERS)
+    for label in methods:
+        method, capacity = split_label(label)
+        if capacity is not None:
+            if method in PEERS:
+                raise CLIError(f"--methods {label}: transformers' peers take no capacity")
+            try:
+                parse_capacity(capacity)
+            except ValueError as exc:
+                raise CLIError(f"--methods {label}: {exc}") from None
+    common.check_methods(list(dict.fromkeys(split_label(m)[0] for m in methods)), extra=PEERS)
+    repeated = sorted({m for m in methods if methods.count(m) > 1})
+    if repeated:
+        raise CLIError(f"method {repeated[0]!r} is listed more than once")
     if "ar" not in methods:
         methods.insert(0, "ar")
     else:  # ar first: it is the baseline every other method is compared with
@@ -175,6 +195,7 @@ def _config(
         ],
         "max_new_tokens": config.max_new_tokens,
         "capacity": config.capacity,
+        "max_capacity": config.max_capacity,
         "warmup": config.warmup,
         "repeat": config.repeat,
         "seed": config.seed,
@@ -253,10 +274,10 @@ def _run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {out} exists and is not a folder")
 
-    models = common.LoadedModels(args, methods)
+    models = common.LoadedModels(args, [split_label(m)[0] for m in methods])
     config = BenchConfig(
         methods=methods,
-        method_options={m: models.method_options(m, options[m]) for m in methods},
+        method_options={m: models.method_options(split_label(m)[0], options[m]) for m in methods},
         settings=_settings(args),
         max_new_tokens=args.max_new_tokens,
         capacity=args.capacity or default_capacity(models.device),
@@ -266,6 +287,7 @@ def _run(args: argparse.Namespace) -> int:
         persistent=args.persistent,
         eos_token_id=eos_token_ids(models.model, models.tokenizer),
         draft_model=models.draft_model,
+        max_capacity=args.max_capacity,
     )
     # Looked up at call time so that tests can substitute a deliberately wrong engine.
     runner = BenchmarkRunner(

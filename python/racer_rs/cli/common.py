@@ -41,6 +41,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def capacity(text: str) -> int | str:
+    """argparse type: a tree capacity (an integer >= 1) or ``auto``."""
+    from racer_rs.cli.runner import parse_capacity
+
+    try:
+        return parse_capacity(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
     value = _int(text)
@@ -96,7 +106,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_threads: int = 
     )
     parser.add_argument(
         "--draft-model",
-        help="draft model for draft_model/tts/racer_tts and hf_assisted: a name, folder or .gguf file",
+        help="draft model for draft_model/tts/racer_tts and hf_assisted: a name, folder or .gguf file; "
+        "self:K (the target's first K layers) or a folder made by racer distill-draft",
     )
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default: float32)")
     parser.add_argument("--device", default="auto", help="torch device, or auto (default: auto)")
@@ -202,13 +213,18 @@ class LoadedModels:
             if self.draft_path is None:
                 needing = ", ".join(m for m in methods if m in DRAFT_MODEL_METHODS)
                 raise CLIError(f"method(s) {needing} need a draft model: pass --draft-model")
-        if self.draft_path is not None:
+        from racer_rs.cli.self_drafts import build_self_draft, is_self_draft
+
+        self_made = is_self_draft(self.draft_path)  # built from the target once it is loaded
+        if self.draft_path is not None and not self_made:
             check_model(self.draft_path, "--draft-model")
 
         self.device = resolve_device(args.device)
         self.model, self.tokenizer = load_model(self.model_path, args.dtype, self.device)
         self.draft_model = None
-        if self.draft_path is not None:
+        if self.draft_path is not None and self_made:
+            self.draft_model = build_self_draft(self.draft_path, self.model)
+        elif self.draft_path is not None:
             self.draft_model, _ = load_model(self.draft_path, args.dtype, self.device, "--draft-model")
 
     def method_options(self, method: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,15 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--temperature", type=common.non_negative_float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=common.probability, default=1.0)
     parser.add_argument("--top-k", type=common.non_negative_int, default=0, help="0 = off")
-    parser.add_argument("--capacity", type=common.positive_int, default=64, help="draft tree nodes")
+    parser.add_argument(
+        "--capacity",
+        type=common.capacity,
+        default=64,
+        help="draft tree nodes, or auto (each step's size from this device's measured cost) (default: 64)",
+    )
+    parser.add_argument(
+        "--max-capacity", type=common.positive_int, default=64, help="largest tree --capacity auto verifies"
+    )
     parser.add_argument("--seed", type=common.non_negative_int, help="random seed for sampling")
     parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     parser.add_argument(
@@ -106,6 +114,7 @@ def _run(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             eos_token_id=eos_token_ids(models.model, tokenizer),
             capacity=args.capacity,
+            max_capacity=args.max_capacity,
             seed=args.seed,
             streamer=streamer,
             drafter=drafter,

@@ -55,11 +55,12 @@ class BenchConfig:
     """What the runner needs besides the models and questions.
 
     Attributes:
-        methods: Method names; ``"ar"`` first (the speedup and equality baseline).
+        methods: Method labels, ``"ar"`` first (the speedup and equality baseline); a label is a
+            method name, optionally with its own tree capacity: ``racer@16``, ``racer@auto``.
         method_options: Per method, the keyword options its drafter is built with.
         settings: Decoding settings, run one after the other.
         max_new_tokens: Token budget per turn.
-        capacity: Draft tree capacity (nodes, root included).
+        capacity: Draft tree capacity (nodes, root included) or ``"auto"``, for labels without one.
         warmup: Untimed runs of the first question per method and setting (at most
             :data:`WARMUP_TOKENS` new tokens each: enough to warm threads and allocators).
         repeat: Timed runs per turn (the run with the median wall time is reported).
@@ -73,13 +74,37 @@ class BenchConfig:
     method_options: dict[str, dict[str, Any]]
     settings: list[Setting]
     max_new_tokens: int
-    capacity: int
+    capacity: int | str
     warmup: int
     repeat: int
     seed: int
     persistent: bool
     eos_token_id: list[int] | None
     draft_model: Any = None
+    max_capacity: int = 64
+
+
+def split_label(label: str) -> tuple[str, str | None]:
+    """``"racer@16"`` -> ``("racer", "16")``; a label without ``@`` has no capacity of its own."""
+    method, at, capacity = label.partition("@")
+    return method, (capacity if at else None)
+
+
+def parse_capacity(text: str) -> int | str:
+    """A tree capacity: an int >= 1, or ``"auto"``.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"capacity must be an int >= 1 or 'auto', got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"capacity must be an int >= 1 or 'auto', got {text!r}")
+    return value
 
 
 @dataclass
@@ -172,28 +197,29 @@ class BenchmarkRunner:
     def build_drafters(self) -> dict[str, Any]:
         """Build one drafter per method; bad options become a CLIError naming the method."""
         drafters: dict[str, Any] = {}
-        for method in self.config.methods:
+        for label in self.config.methods:
+            method, _ = split_label(label)
+            options = dict(self.config.method_options.get(label, {}))
             if method in PEERS:
-                options = {k: v for k, v in self.config.method_options.get(method, {}).items() if k != "draft_model"}
+                options.pop("draft_model", None)
                 if options:
-                    raise CLIError(f"method {method} takes no options (got {', '.join(sorted(options))})")
-                drafters[method] = None  # transformers' generate: no drafter of ours
+                    raise CLIError(f"method {label} takes no options (got {', '.join(sorted(options))})")
+                drafters[label] = None  # transformers' generate: no drafter of ours
                 continue
-            options = dict(self.config.method_options.get(method, {}))
             drafter = None
             if self.config.persistent:
                 try:
                     drafter = self._make_drafter(method, self.model, persistent=True, **options)
-                    self.state_by_method[method] = "persistent"
+                    self.state_by_method[label] = "persistent"
                 except (ValueError, TypeError):
                     # ar, pld, ...: no state to keep across requests, so no such option.
-                    self.state_by_method[method] = "stateless"
+                    self.state_by_method[label] = "stateless"
             if drafter is None:
                 try:
                     drafter = self._make_drafter(method, self.model, **options)
                 except (ValueError, TypeError) as exc:
-                    raise CLIError(f"method {method}: {one_line(exc)}") from None
-            drafters[method] = drafter
+                    raise CLIError(f"method {label}: {one_line(exc)}") from None
+            drafters[label] = drafter
         return drafters
 
     def run(
@@ -252,7 +278,7 @@ class BenchmarkRunner:
     def _call(
         self,
         prompt: list[int],
-        method: str,
+        label: str,
         setting: Setting,
         drafter: Any,
         seed: int,
@@ -270,6 +296,7 @@ class BenchmarkRunner:
             "eos_token_id": self.config.eos_token_id,
             "seed": seed,
         }
+        method, own_capacity = split_label(label)
         torch.manual_seed(seed)
         self._synchronize()
         start = time.perf_counter()
@@ -277,12 +304,14 @@ class BenchmarkRunner:
             if method in PEERS:
                 result = self._peer(self.model, prompt, method=method, assistant_model=self.config.draft_model, **common)
             else:
+                capacity = parse_capacity(own_capacity) if own_capacity else self.config.capacity
                 result = self._generate(
-                    self.model, prompt, method=method, capacity=self.config.capacity, drafter=drafter, **common
+                    self.model, prompt, method=method, capacity=capacity, max_capacity=self.config.max_capacity,
+                    drafter=drafter, **common,
                 )
         except (ValueError, TypeError, NotImplementedError) as exc:
             where = f"{question.source}:{question.line}"
-            raise CLIError(f"{where}: method {method}: {one_line(exc)}") from None
+            raise CLIError(f"{where}: method {label}: {one_line(exc)}") from None
         self._synchronize()
         return result, time.perf_counter() - start
 
