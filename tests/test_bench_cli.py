@@ -479,7 +479,7 @@ def test_methods_may_carry_their_own_capacity_including_auto(tiny_model, data_fi
             assert record["mismatch"] is False
     assert all(r["extras"]["mean_tree_size"] <= 2 for r in by_label["racer@2"])
     auto = [r["extras"]["auto_capacity"] for r in by_label["racer@auto"]]
-    assert all(max(a["chosen_sizes"]) <= 8 for a in auto)
+    assert all(max(int(size) for size in a["chosen_sizes"]) <= 8 for a in auto)
     assert all("auto_capacity" not in r["extras"] for r in by_label["racer@2"])
     assert "racer@auto" in stdout
 
