@@ -31,6 +31,18 @@ from racer_rs.tts.distill import Canvas, DistillConfig, distill_step, make_optim
 from racer_rs.tts.worker import UpdateWorker
 
 
+def copy_sharing(draft: Any, target: Any) -> Any:
+    """A deep copy of ``draft`` that keeps sharing the target's modules and tensors.
+
+    A self-draft holds the target's embedding and LM head (frozen); a plain deep copy would
+    duplicate them (hundreds of MB for a real model) in each of the serving and shadow copies.
+    """
+    if not isinstance(target, torch.nn.Module):
+        return copy.deepcopy(draft)
+    shared = [*target.modules(), *target.parameters(), *target.buffers()]
+    return copy.deepcopy(draft, {id(obj): obj for obj in shared})
+
+
 class TTSDrafter(DraftModelDrafter):
     """A ``draft_model`` drafter whose draft keeps learning from the target (see the module docstring).
 
@@ -78,8 +90,8 @@ class TTSDrafter(DraftModelDrafter):
         self.config = DistillConfig(lr=lr, lam=lam, position_weights=weights, gamma=gamma, mask=mask)
         names = trainable_parameter_names(draft_model, trainable, shared_with=model)
         self.original = draft_model
-        super().__init__(model, draft_model=copy.deepcopy(draft_model), canvas=canvas)
-        self.shadow = copy.deepcopy(draft_model)
+        super().__init__(model, draft_model=copy_sharing(draft_model, model), canvas=canvas)
+        self.shadow = copy_sharing(draft_model, model)
         self.reset = reset
         self.asynchronous = asynchronous
         self.trainable = names

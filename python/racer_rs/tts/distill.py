@@ -162,7 +162,8 @@ def distill_loss(
     """The weighted canvas loss (see the module docstring).
 
     Args:
-        student_logits: ``[n, V]`` draft logits (full vocabulary, finite).
+        student_logits: ``[n, V]`` draft logits (full width; ``-inf`` outside a reduced draft
+            vocabulary, over which the teacher is then renormalised).
         teacher_logits: ``[n, V]`` target logits (may hold ``-inf``), detached.
         weights: ``[n]`` ``w_i * m_i``.
         lam: regulariser weight.
@@ -177,18 +178,44 @@ def distill_loss(
             f"{tuple(teacher_logits.shape)} must have the same shape"
         )
     log_q = torch.log_softmax(student_logits.float(), dim=-1)
+    teacher, weights = restrict_to_support(teacher_logits.detach().float(), student_logits, weights)
     norm = weights.sum().clamp_min(1e-12)
-    p = torch.softmax(teacher_logits.detach().float(), dim=-1)
+    p = torch.softmax(teacher, dim=-1)
     # xlogy: rows with p_v = 0 (truncated teacher) contribute nothing instead of 0 * -inf.
-    kl = (torch.xlogy(p, p) - p * log_q).sum(-1)
+    kl = (torch.xlogy(p, p) - _plogq(p, log_q)).sum(-1)
     loss = (weights * kl).sum() / norm
     if lam > 0:
         if reference_logits is None:
             raise ValueError("reference_logits is required when lam > 0")
         log_r = torch.log_softmax(reference_logits.detach().float(), dim=-1)
-        kl_ref = (log_r.exp() * (log_r - log_q)).sum(-1)
+        r = log_r.exp()
+        kl_ref = (torch.xlogy(r, r) - _plogq(r, log_q)).sum(-1)
         loss = loss + lam * (weights * kl_ref).sum() / norm
     return loss
+
+
+def restrict_to_support(
+    teacher_logits: torch.Tensor, student_logits: torch.Tensor, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Restrict the teacher to the tokens the student can propose (tts.md pitfall 9).
+
+    A draft with a reduced vocabulary gives ``-inf`` logits outside it, so ``KL(p || q)`` over
+    the full vocabulary would be infinite; the teacher is renormalised over the student's
+    support instead. Rows whose teacher keeps nothing there get weight 0 (and finite logits).
+    """
+    support = torch.isfinite(student_logits.detach())
+    if bool(support.all()):
+        return teacher_logits, weights
+    teacher = teacher_logits.masked_fill(~support, float("-inf"))
+    usable = torch.isfinite(teacher).any(dim=-1)
+    # Unusable rows get a uniform teacher over the support: a finite KL, then weight 0.
+    teacher = teacher.masked_fill(~usable.unsqueeze(-1) & support, 0.0)
+    return teacher, weights * usable.to(weights.dtype)
+
+
+def _plogq(p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    # p * log q, with 0 where p = 0 (log q may be -inf there: outside a reduced vocabulary).
+    return torch.where(p > 0, p * log_q, torch.zeros_like(p))
 
 
 def make_optimizer(params: Iterable[nn.Parameter], config: DistillConfig) -> torch.optim.Adam:
