@@ -1,8 +1,9 @@
 """racer_rs: fast, lossless, training-free speculative decoding with a Rust core.
 
 ``import racer_rs`` loads only the Rust core and numpy. The model layer
-(:func:`racer_rs.generate`, :func:`racer_rs.load_model`) imports torch and transformers on
-first use.
+(:func:`racer_rs.generate`, :func:`racer_rs.load_model`, the self-draft API
+:func:`racer_rs.self_draft`, :func:`racer_rs.load_self_draft`, :func:`racer_rs.distill_self_draft`)
+imports torch and transformers on first use.
 """
 
 from __future__ import annotations
@@ -21,22 +22,29 @@ from racer_rs._native import (
 )
 
 if TYPE_CHECKING:
+    from racer_rs.distillation import DistillSettings, distill_self_draft
+    from racer_rs.draft_checkpoint import load_self_draft
     from racer_rs.generation import GenerationResult, generate
     from racer_rs.model_loading import load_model, resolve_model
+    from racer_rs.self_draft_model import self_draft
 
 __all__ = [
     "EDGE_CELLS",
     "Automaton",
+    "DistillSettings",
     "DraftTree",
     "GenerationResult",
     "LogitsTable",
     "__version__",
     "build_draft_tree",
+    "distill_self_draft",
     "edge_cell_priors",
     "generate",
     "load_model",
+    "load_self_draft",
     "prompt_lookup",
     "resolve_model",
+    "self_draft",
 ]
 
 _LAZY = {
@@ -44,6 +52,10 @@ _LAZY = {
     "GenerationResult": "racer_rs.generation",
     "load_model": "racer_rs.model_loading",
     "resolve_model": "racer_rs.model_loading",
+    "self_draft": "racer_rs.self_draft_model",
+    "load_self_draft": "racer_rs.draft_checkpoint",
+    "distill_self_draft": "racer_rs.distillation",
+    "DistillSettings": "racer_rs.distillation",
 }
 
 

@@ -36,7 +36,7 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--batch-size", type=common.positive_int, default=8, help="prompts per generation batch")
     parser.add_argument("--new-tokens", type=common.positive_int, default=256, help="tokens generated per prompt")
-    parser.add_argument("--data-share", type=share, default=0.4, help="share of the budget for data generation")
+    parser.add_argument("--data-share", type=share, default=0.5, help="share of the budget for data generation")
     parser.add_argument("--temperature", type=common.non_negative_float, default=0.8, help="of the data generation")
     parser.add_argument("--top-p", type=common.probability, default=0.95, help="of the data generation")
     parser.add_argument("--lr", type=positive_float, default=3e-4, help="Adam learning rate")
@@ -116,10 +116,13 @@ def _run(args: argparse.Namespace, files: list[str]) -> int:
     eos = eos_token_ids(model, tokenizer) or []
     special = [int(i) for i in getattr(tokenizer, "all_special_ids", [])]
 
-    def say(line: str) -> None:
-        print(f"racer: distill-draft: {line}", file=sys.stderr, flush=True)
+    header = [f"{len(prompts)} prompts from {', '.join(files)}; budget {args.minutes:g} min; output {args.out}"]
 
-    say(f"{len(prompts)} prompts from {', '.join(files)}; budget {args.minutes:g} min; output {args.out}")
+    def say(line: str) -> None:
+        # The header waits for the first report, so that bad input prints only its error line.
+        for text in [*header, line]:
+            print(f"racer: distill-draft: {text}", file=sys.stderr, flush=True)
+        header.clear()
     try:
         result = distill_self_draft(
             model,
