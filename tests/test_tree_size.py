@@ -90,11 +90,14 @@ def test_higher_probabilities_never_shrink_the_tree(probabilities, base, steps, 
 
 
 @settings(max_examples=200, deadline=None)
-@given(sorted_probabilities, st.floats(0.01, 5.0), increments, st.integers(1, 24), st.floats(0.0, 3.0))
-def test_costlier_big_trees_never_grow_the_tree(probabilities, base, steps, from_size, extra):
+@given(sorted_probabilities, st.floats(0.01, 5.0), increments, st.integers(1, 24), st.floats(1.0, 3.0))
+def test_costlier_big_trees_never_grow_the_tree(probabilities, base, steps, from_size, factor):
+    # Big trees costing relatively more: every size from some size on costs ``factor`` times as
+    # much. (Adding the same seconds to them instead can favour the biggest: more tokens to
+    # spread a fixed cost over, as a larger per-step overhead does.)
     seconds = _seconds(base, steps)
     costlier = seconds.copy()
-    costlier[min(from_size, len(costlier)) :] += extra  # every tree from some size on costs more
+    costlier[min(from_size, len(costlier)) :] *= factor
     before = best_prefix_size(np.asarray(probabilities), seconds)
     assert best_prefix_size(np.asarray(probabilities), costlier) <= before
 
