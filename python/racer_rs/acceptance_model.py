@@ -25,8 +25,9 @@ import numpy as np
 
 from racer_rs._native import EDGE_CELLS, DraftTree, edge_cell_priors
 
-#: Weight of a cell's prior, in observations.
-PRIOR_WEIGHT = 4.0
+#: Weight of a cell's prior, in observations: small, since the priors are raw estimates that
+#: measured acceptance soon replaces.
+PRIOR_WEIGHT = 2.0
 #: A warm start keeps at most this many observations per cell, so a request's own outcomes
 #: soon outweigh what earlier requests (maybe of another kind of text) left behind.
 WARM_START_CAP = 64.0

@@ -11,7 +11,7 @@ turns two such curves into step-time predictions corrected online by the engine'
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,8 +36,10 @@ def measure_forward_cost(
     context: int = 500,
     rounds: int = 5,
     seed: int = 0,
+    statistic: Callable[[list[float]], Any] = np.median,
 ) -> dict[int, float]:
-    """Median seconds of one tree forward per tree size, at a ``context``-token prefix.
+    """Median (or ``statistic``) seconds of one tree forward per tree size, at a
+    ``context``-token prefix.
 
     Args:
         model: the target (as given to :func:`racer_rs.generate`).
@@ -72,7 +74,7 @@ def measure_forward_cost(
             verifier.discard_uncommitted()  # the prefix stays put
             if round_index > 0:
                 samples[n].append(elapsed)
-    return {n: float(np.median(times)) for n, times in samples.items()}
+    return {n: float(statistic(times)) for n, times in samples.items()}
 
 
 #: Context lengths the cost curve is measured at; t(n) at other lengths is interpolated.
@@ -180,8 +182,13 @@ class CostModel:
         return {int(n): round(1000 * float(t), 3) for n, t in zip(self.sizes, self.forward_seconds(self.sizes, context))}
 
 
-def measure_cost_model(model: Any, max_size: int, rounds: int = 2) -> CostModel:
-    """Measure a :class:`CostModel` for ``model``: sizes 1, 2, 4, ... up to ``max_size``."""
+def measure_cost_model(model: Any, max_size: int, rounds: int = 3) -> CostModel:
+    """Measure a :class:`CostModel` for ``model``: sizes 1, 2, 4, ... up to ``max_size``.
+
+    Each size keeps its fastest round (other load only ever adds time) and the curve is made
+    non-decreasing in the size, so that one disturbed measurement cannot make a big tree look
+    cheaper than a smaller one, a choice that would never be tried and so never corrected.
+    """
     sizes = [1]
     while sizes[-1] < max_size:
         sizes.append(min(2 * sizes[-1], max_size))
@@ -189,8 +196,8 @@ def measure_cost_model(model: Any, max_size: int, rounds: int = 2) -> CostModel:
     seconds = {}
     for context in CURVE_CONTEXTS:
         context = min(context, max(1, int(window) - max_size - 1))
-        cost = measure_forward_cost(model, sizes, context=context, rounds=rounds)
-        seconds[context] = [cost[n] for n in sizes]
+        cost = measure_forward_cost(model, sizes, context=context, rounds=rounds, statistic=np.min)
+        seconds[context] = np.maximum.accumulate([cost[n] for n in sizes]).tolist()
     if len(seconds) < 2:  # a tiny window: one length, counted twice
         only = next(iter(seconds.values()))
         seconds = {1: only, 2: only}
