@@ -376,3 +376,14 @@ def test_bad_prompts_and_targets_are_rejected(target, tmp_path) -> None:
         distill_self_draft(tiny_model("gpt_neox"), prompts(), tmp_path / "a", settings)
     with pytest.raises(TypeError, match="either settings or keyword"):
         distill_self_draft(target, prompts(), tmp_path / "a", settings, layers=2)
+
+
+def test_reduced_vocabulary_takes_half_by_data_frequency_and_half_by_merge_order() -> None:
+    from racer_rs.distillation.data import frequent_tokens
+
+    mass = torch.zeros(20)
+    mass[[15, 12, 19, 3]] = torch.tensor([5.0, 4.0, 3.0, 2.0])
+    # The always-kept 7, the most frequent (15, 12, 19) up to half of 8, then the lowest free ids.
+    assert frequent_tokens(mass, 8, always=[7]).tolist() == [0, 1, 2, 3, 7, 12, 15, 19]
+    assert frequent_tokens(mass, 3, always=[7, 9, 11, 13]).tolist() == [7, 9, 11]  # never over size
+    assert frequent_tokens(mass, 50).tolist() == list(range(20))

@@ -42,21 +42,26 @@ class ReducedHead(nn.Module):
     each forward reads ``len(kept_ids)`` rows instead of the whole vocabulary.
     """
 
+    kept_ids: torch.Tensor
+    kept_weight: torch.Tensor
+    kept_bias: torch.Tensor | None
+
     def __init__(self, head: nn.Module, kept_ids: torch.Tensor) -> None:
         super().__init__()
         self.head = head
-        weight = head.weight
+        weight: torch.Tensor = head.weight  # type: ignore[assignment]
         self.vocab_size = int(weight.shape[0])
         self.register_buffer("kept_ids", kept_ids.to(device=weight.device, dtype=torch.long))
         self.register_buffer("kept_weight", weight.detach()[self.kept_ids].clone(), persistent=False)
-        bias = getattr(head, "bias", None)
+        bias: torch.Tensor | None = getattr(head, "bias", None)
         kept_bias = bias.detach()[self.kept_ids].clone() if bias is not None else None
         self.register_buffer("kept_bias", kept_bias, persistent=False)
 
     @property
     def weight(self) -> torch.Tensor:
         """The full (shared) head weight: its row count is the logits width."""
-        return self.head.weight
+        weight: torch.Tensor = self.head.weight  # type: ignore[assignment]
+        return weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         kept = nn.functional.linear(hidden, self.kept_weight, self.kept_bias)

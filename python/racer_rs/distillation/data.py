@@ -229,19 +229,28 @@ def token_mass(shards: Sequence[Shard], vocab_size: int) -> torch.Tensor:
 
 
 def frequent_tokens(mass: torch.Tensor, size: int, always: Sequence[int] = ()) -> torch.Tensor:
-    """The ``size`` ids of largest ``mass`` (FR-Spec's frequency-ranked vocabulary), ``always`` included.
+    """A reduced draft vocabulary of ``size`` ids, ``always`` included (FR-Spec: frequent tokens).
 
-    Ties (tokens never seen) go to the lower id: byte-level BPE ids follow merge order, which
-    follows frequency in the tokenizer's own training text.
+    FR-Spec ranks tokens by their frequency in a general corpus. The distillation data is narrow
+    (math, code, several languages), so only half of the ids come from its ``mass``; the other half
+    are the lowest ids not yet chosen: byte-level BPE ids follow merge order, which follows
+    frequency in the tokenizer's own (general) training text. On SmolLM2 at 8,192 ids, ranking by
+    the data alone covered 98% of held-out distillation text but only 77% of the target's answers
+    to writing prompts; merge order alone 69% and 86%; this half-and-half rule 98% and 85%.
     """
     vocab_size = mass.numel()
     size = min(size, vocab_size)
-    # Sort by mass, descending; stable, so equal masses keep ascending id order.
-    order = torch.sort(mass, descending=True, stable=True).indices
-    forced = [int(i) for i in always if 0 <= int(i) < vocab_size]
-    chosen = list(dict.fromkeys(forced))
+    chosen = list(dict.fromkeys(int(i) for i in always if 0 <= int(i) < vocab_size))[:size]
     taken = set(chosen)
-    for token in order.tolist():
+    # Stable sort: equal masses keep ascending id order.
+    by_mass = [t for t in torch.sort(mass, descending=True, stable=True).indices.tolist() if mass[t] > 0]
+    for token in by_mass:
+        if len(chosen) >= size // 2:
+            break
+        if token not in taken:
+            chosen.append(token)
+            taken.add(token)
+    for token in range(vocab_size):
         if len(chosen) >= size:
             break
         if token not in taken:
