@@ -4,8 +4,8 @@ Three measurements on the same model:
 
 1. rounding noise: at ``--noise-positions`` decode positions, the top-2 logit gap of the same
    position computed by a one-token forward and by a 16-node tree forward (the two paths the
-   engine mixes), in each half dtype; its largest change in ulps backs
-   ``racer_rs.precision.NEAR_TIE_ULPS``;
+   engine mixes), in each half dtype; its largest change in ulps of the logit row's largest
+   magnitude backs ``racer_rs.precision.NEAR_TIE_ULPS``;
 2. speed: greedy decoding with every method in float32 and bfloat16, for each thread count,
    interleaved per question (dtype and method order rotate), tokens/s and the bf16/fp32 ratio;
 3. divergence: every bfloat16 method's greedy output against bfloat16 ``ar``; at each first
@@ -58,7 +58,7 @@ def rounding_noise(model: Any, prompts: list[list[int]], positions: int) -> dict
             first, second = torch.topk(alone, 2).indices.tolist()
             change = abs(float(alone[first] - alone[second]) - float(in_tree[first] - in_tree[second]))
             changes.append(change)
-            in_ulps.append(change / ulp(float(alone[first]), eps))
+            in_ulps.append(change / ulp(float(alone.abs().max()), eps))
             verifier.commit(np.asarray([0]))
             token = first
     return {

@@ -92,6 +92,8 @@ def bench_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
         "0",
         "--device",
         "cpu",
+        "--dtype",
+        "float32",
         "--out",
         str(out),
         "--no-progress",
@@ -125,7 +127,7 @@ def test_bench_writes_table_json_and_plots(tiny_model, data_file, tmp_path, caps
     assert config["model"] == str(tiny_model)
     assert config["methods"] == ["ar", "pld"]  # ar first: the baseline
     assert (config["dtype"], config["device"], config["state"]) == ("float32", "cpu", "per-request")
-    assert config["machine"]["torch_threads"] == 1  # the bench default, for stable timings
+    assert config["machine"]["torch_threads"] == 1  # conftest's one thread: --threads 0 keeps it
     assert [s["label"] for s in config["settings"]] == ["T=0.8,top_p=0.95", "greedy"]
     assert config["data"] == [str(data_file)] and config["max_new_tokens"] == 8 and config["repeat"] == 2
     assert set(config["method_options"]) == {"ar", "pld"}

@@ -91,6 +91,8 @@ def generate_args(model: Path, *extra: str) -> list[str]:
         "24",
         "--device",
         "cpu",
+        "--dtype",
+        "float32",
         *extra,
     ]
 
@@ -143,6 +145,8 @@ def test_generate_reads_a_prompt_file_and_applies_the_chat_template(tiny_model, 
         "--max-new-tokens",
         "6",
         "--no-color",
+        "--dtype",
+        "float32",
     )
     assert code == 0, err
     chat_ids = encode_conversation(tokenizer, ["hello"], [])

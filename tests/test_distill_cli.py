@@ -81,7 +81,7 @@ def test_distill_draft_writes_a_checkpoint_and_reports_progress(tiny_model, data
 def generate_args(model: Path, draft: str, method: str = "draft_model") -> list[str]:
     return [
         "generate", "--model", str(model), "--prompt", "def f(x):\n    return", "--method", method,
-        "--max-new-tokens", "16", "--device", "cpu", "--no-color", "--draft-model", draft,
+        "--max-new-tokens", "16", "--device", "cpu", "--dtype", "float32", "--no-color", "--draft-model", draft,
     ]  # fmt: skip
 
 
@@ -105,7 +105,7 @@ def test_bench_runs_hf_assisted_and_draft_methods_with_a_self_draft(tiny_model, 
     out = tmp_path / "bench"
     argv = [
         "bench", "--model", str(tiny_model), "--data", str(data_file), "--max-new-tokens", "8", "--warmup", "0",
-        "--device", "cpu", "--out", str(out), "--no-plots", "--methods", "draft_model,tts,hf_assisted",
+        "--device", "cpu", "--dtype", "float32", "--out", str(out), "--no-plots", "--methods", "draft_model,tts,hf_assisted",
         "--draft-model", str(checkpoint),
     ]  # fmt: skip
     code, _, stderr = run_cli(capsys, *argv)

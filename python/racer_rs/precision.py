@@ -2,11 +2,15 @@
 
 In float32 every method's greedy output equals plain decoding token for token. In bfloat16 or
 float16 a tree forward (n rows in one matmul) and a one-token forward round differently, so the
-top-2 logits of a position can swap when they are nearly tied. Measured on SmolLM2-135M-Instruct
-(``benches/bench_dtype.py``), the top-2 gap of the same position moves by at most 4 units in the
-last place (ulps) of the top logit between a one-token forward and a 16-node tree forward, in
-both half types. A divergence is explained by rounding when the reference's gap between the two
-tokens is within :data:`NEAR_TIE_ULPS` ulps: twice that measured maximum.
+top-2 logits of a position can swap when they are nearly tied.
+
+A logit is a dot product of the last hidden state with an embedding row, so its rounding error
+scales with the size of the whole logit row, not with the logit itself (a logit near zero is as
+uncertain as any other). The unit here is therefore the ulp of the row's largest magnitude.
+Measured on SmolLM2-135M-Instruct (``benches/bench_dtype.py``), the top-2 gap of the same position
+moves by at most 4 such ulps between a one-token forward and a 16-node tree forward, in both half
+types. A divergence is explained by rounding when the reference's gap between the two tokens is
+within :data:`NEAR_TIE_ULPS` of them: twice that measured maximum.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-#: Tolerance of a near-tie, in ulps of the larger of the two logits (see the module docstring).
+#: Tolerance of a near-tie, in ulps of the logit row's largest magnitude (see the module docstring).
 NEAR_TIE_ULPS = 8
 
 
@@ -26,12 +30,17 @@ def ulp(magnitude: float, eps: float) -> float:
     return eps * 2.0 ** math.floor(math.log2(magnitude))
 
 
-def near_tie_tolerance(logit_a: float, logit_b: float, dtype: Any) -> float:
-    """The largest gap between two logits that rounding in ``dtype`` can swap."""
+def near_tie_tolerance(row_magnitude: float, dtype: Any) -> float:
+    """The largest gap between two logits of a row that rounding in ``dtype`` can swap.
+
+    Args:
+        row_magnitude: the largest absolute logit of the row.
+        dtype: the dtype the logits were computed in.
+    """
     import torch
 
     eps = float(torch.finfo(dtype).eps)
-    return NEAR_TIE_ULPS * ulp(max(abs(logit_a), abs(logit_b)), eps)
+    return NEAR_TIE_ULPS * ulp(row_magnitude, eps)
 
 
 def divergence_gap(model: Any, prefix: list[int], expected: int, got: int) -> tuple[float, float]:
@@ -45,12 +54,12 @@ def divergence_gap(model: Any, prefix: list[int], expected: int, got: int) -> tu
 
     Returns:
         ``(gap, tolerance)``: ``logit[expected] - logit[got]`` from one forward of ``prefix``,
-        and :func:`near_tie_tolerance` of the two logits.
+        and :func:`near_tie_tolerance` of that logit row.
     """
     import torch
 
     device = next(model.parameters()).device
     with torch.inference_mode():
         logits = model(torch.tensor([prefix], device=device), logits_to_keep=1).logits[0, -1].float()
-    a, b = float(logits[expected]), float(logits[got])
-    return a - b, near_tie_tolerance(a, b, next(model.parameters()).dtype)
+    gap = float(logits[expected] - logits[got])
+    return gap, near_tie_tolerance(float(logits.abs().max()), next(model.parameters()).dtype)

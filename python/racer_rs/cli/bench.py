@@ -103,10 +103,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    # One intra-op thread: a small model's matmuls gain little from more, and on a shared or busy
-    # CPU extra threads spin-wait on each other (measured 15x slower ar with 2 threads on 2 busy
-    # cores), which would swamp the differences between methods.
-    common.add_model_arguments(parser, default_threads=1)
+    # torch's own thread count (every core): with OpenMP's passive waiting (set by `racer`), two
+    # threads on two busy cores no longer collapse, and on an idle machine they are the fastest.
+    common.add_model_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -178,7 +177,7 @@ def _config(
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "model": models.model_path,
         "draft_model": models.draft_path,
-        "dtype": args.dtype,
+        "dtype": models.dtype,
         "device": models.device,
         "data": data,
         "limit_per_file": args.limit,
@@ -206,6 +205,7 @@ def _config(
             "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "cuda_device": torch.cuda.get_device_name(0) if models.device.startswith("cuda") else None,
         },
     }
@@ -319,7 +319,7 @@ def _run(args: argparse.Namespace) -> int:
     if ties:
         worst = max(abs(r.tie_gap or 0.0) / (r.tie_tolerance or 1.0) for r in ties)
         print(
-            f"racer: note: {len(ties)} greedy output(s) part from ar at near-ties within {args.dtype} rounding "
+            f"racer: note: {len(ties)} greedy output(s) part from ar at near-ties within {models.dtype} rounding "
             f"(top-2 gap at most {worst:.2f}x the tolerance); listed under near_ties in {json_path}",
             file=sys.stderr,
         )

@@ -109,7 +109,13 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_threads: int = 
         help="draft model for draft_model/tts/racer_tts and hf_assisted: a name, folder or .gguf file; "
         "self:K (the target's first K layers) or a folder made by racer distill-draft",
     )
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default: float32)")
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", *DTYPES),
+        default="auto",
+        help="model dtype; auto: bfloat16 where the hardware computes it natively (a CUDA GPU that "
+        "supports it, a CPU with AVX-512 BF16 or AMX), else float32 (default: auto)",
+    )
     parser.add_argument("--device", default="auto", help="torch device, or auto (default: auto)")
     parser.add_argument(
         "--threads",
@@ -202,7 +208,7 @@ class LoadedModels:
     """
 
     def __init__(self, args: argparse.Namespace, methods: Sequence[str], draft_required: bool = True) -> None:
-        from racer_rs.cli.loading import check_model, load_model, resolve_device
+        from racer_rs.cli.loading import check_model, load_model, resolve_device, resolve_dtype
         from racer_rs.cli.resources import DEFAULT_DRAFTS, DEFAULT_TARGET_MODEL
 
         self.model_path: str = args.model or DEFAULT_TARGET_MODEL
@@ -220,12 +226,13 @@ class LoadedModels:
             check_model(self.draft_path, "--draft-model")
 
         self.device = resolve_device(args.device)
-        self.model, self.tokenizer = load_model(self.model_path, args.dtype, self.device)
+        self.dtype: str = resolve_dtype(args.dtype, self.device)
+        self.model, self.tokenizer = load_model(self.model_path, self.dtype, self.device)
         self.draft_model = None
         if self.draft_path is not None and self_made:
             self.draft_model = build_self_draft(self.draft_path, self.model)
         elif self.draft_path is not None:
-            self.draft_model, _ = load_model(self.draft_path, args.dtype, self.device, "--draft-model")
+            self.draft_model, _ = load_model(self.draft_path, self.dtype, self.device, "--draft-model")
 
     def method_options(self, method: str, options: dict[str, Any]) -> dict[str, Any]:
         """Options to build ``method``'s drafter with: the user's plus the draft model if needed."""

@@ -13,7 +13,7 @@ from racer_rs.cli.errors import CLIError, one_line
 from racer_rs.extras import MissingDependencyError
 from racer_rs.model_loading import DTYPES, ModelSource, ModelSpecError
 
-__all__ = ["DTYPES", "check_model", "eos_token_ids", "load_model", "resolve_device"]
+__all__ = ["DTYPES", "check_model", "eos_token_ids", "load_model", "resolve_device", "resolve_dtype"]
 
 
 def check_model(spec: str, what: str = "--model") -> ModelSource:
@@ -45,6 +45,27 @@ def resolve_device(device: str) -> str:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise CLIError(f"--device {device}: CUDA is not available")
     return device
+
+
+def cpu_has_native_bfloat16() -> bool:
+    """True when the CPU computes bfloat16 natively (AVX-512 BF16 or AMX; read on Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            flags = handle.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """Map ``"auto"`` to bfloat16 where the device computes it natively, else float32."""
+    if dtype != "auto":
+        return dtype
+    if device.startswith("cuda"):
+        import torch
+
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "bfloat16" if device == "cpu" and cpu_has_native_bfloat16() else "float32"
 
 
 def load_model(spec: str, dtype: str, device: str, what: str = "--model") -> tuple[Any, Any]:
