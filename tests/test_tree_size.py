@@ -384,3 +384,30 @@ def test_auto_chain_sampling_keeps_the_target_distribution(forced_cost):
     lossy = ShiftedReportDrafter(None, draft_model=third_token_draft(), canvas=3)
     pvalue, _ = third_token_sampling(lossy, top_k=0, capacity="auto", max_capacity=4)
     assert pvalue < 1e-3  # the same test rejects misreported draft probabilities
+
+
+def test_the_total_correction_learns_how_much_estimates_overstate():
+    calibration = EdgeCalibration()
+    assert calibration.extra_scale() == 1.0
+    for _ in range(500):  # every step expected 2 drafted tokens and committed 1
+        calibration.record_step(2.0, 1)
+    assert calibration.extra_scale() == pytest.approx(0.5, abs=0.01)
+    warm = EdgeCalibration()
+    warm.load(calibration.state())
+    assert warm.expected_extra == pytest.approx(256.0) and warm.extra_scale() == pytest.approx(0.5, abs=0.01)
+    for _ in range(2000):  # the new request's estimates are right: the factor moves back to 1
+        warm.record_step(1.0, 1)
+    assert warm.extra_scale() == pytest.approx(1.0, abs=0.06)
+
+
+def test_the_correction_scales_the_expectation_but_not_the_ranking():
+    tree = DraftTree([0, 1, 2, 3], [-1, 0, 0, 1], [-1, 8, 9, 10])
+    calibration = EdgeCalibration()
+    flat = TreeSizer(COSTS["flat"](), calibration, max_capacity=4)
+    before = flat.choose(tree, 100)
+    for _ in range(200):
+        calibration.record_step(1.0, 0)  # nothing drafted is ever committed
+    after = flat.choose(tree, 100)
+    assert before.keep.tolist() == after.keep.tolist() == [0, 1, 2, 3]  # flat cost: the whole tree
+    assert after.uncorrected_extra == pytest.approx(before.uncorrected_extra)
+    assert after.expected - 1 < 0.05 * (before.expected - 1)

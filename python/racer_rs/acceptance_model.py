@@ -15,6 +15,11 @@ the step verified it or a size choice cut it: the target's token after an accept
 (the next accepted token, or the bonus), and a child is accepted exactly when it carries that
 token. So cutting nodes never starves a cell of evidence. With draft probabilities (chain
 speculative sampling) acceptance is randomised, and only verified nodes are observed.
+
+Per-cell estimates are noisy, and a size choice keeps the nodes whose estimates came out high,
+so summed path probabilities overstate what a chosen tree commits (and products along a path
+assume independence). One more factor corrects the total: the ratio of drafted tokens committed
+to drafted tokens expected over the steps so far (:meth:`EdgeCalibration.extra_scale`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ PRIOR_WEIGHT = 2.0
 #: A warm start keeps at most this many observations per cell, so a request's own outcomes
 #: soon outweigh what earlier requests (maybe of another kind of text) left behind.
 WARM_START_CAP = 64.0
+#: Pseudo-count, in drafted tokens, of the total's correction factor (it starts at 1).
+SCALE_PRIOR = 4.0
+#: A warm start keeps at most this many expected drafted tokens behind the correction factor.
+SCALE_WARM_START_CAP = 256.0
 
 
 class EdgeCalibration:
@@ -40,6 +49,18 @@ class EdgeCalibration:
         self.priors = edge_cell_priors().astype(np.float64)
         self.accepted = np.zeros(EDGE_CELLS, dtype=np.float64)
         self.tried = np.zeros(EDGE_CELLS, dtype=np.float64)
+        self.expected_extra = 0.0
+        self.committed_extra = 0.0
+
+    def extra_scale(self) -> float:
+        """Drafted tokens committed per drafted token the uncorrected estimates expected."""
+        return (self.committed_extra + SCALE_PRIOR) / (self.expected_extra + SCALE_PRIOR)
+
+    def record_step(self, expected_extra: float, committed_extra: int) -> None:
+        """Count one step: the drafted tokens its kept nodes' (uncorrected) probabilities summed
+        to, and the drafted tokens it committed."""
+        self.expected_extra += expected_extra
+        self.committed_extra += committed_extra
 
     def probabilities(self) -> np.ndarray:
         """``float32[EDGE_CELLS]``: calibrated probability that an edge of each cell is accepted."""
@@ -79,7 +100,12 @@ class EdgeCalibration:
 
     def state(self) -> dict[str, Any]:
         """The counts, for :meth:`load` (JSON-ready)."""
-        return {"accepted": self.accepted.tolist(), "tried": self.tried.tolist()}
+        return {
+            "accepted": self.accepted.tolist(),
+            "tried": self.tried.tolist(),
+            "expected_extra": self.expected_extra,
+            "committed_extra": self.committed_extra,
+        }
 
     def load(self, state: dict[str, Any], cap: float = WARM_START_CAP) -> None:
         """Warm-start from :meth:`state`, scaling each cell down to at most ``cap`` observations.
@@ -95,6 +121,11 @@ class EdgeCalibration:
             raise ValueError("calibration state holds invalid counts")
         scale = np.minimum(1.0, cap / np.maximum(tried, 1e-9))
         self.accepted, self.tried = accepted * scale, tried * scale
+        expected, committed = float(state.get("expected_extra", 0.0)), float(state.get("committed_extra", 0.0))
+        if not (np.isfinite(expected) and np.isfinite(committed) and expected >= 0 and committed >= 0):
+            raise ValueError("calibration state holds invalid totals")
+        shrink = min(1.0, SCALE_WARM_START_CAP / max(expected, 1e-9))
+        self.expected_extra, self.committed_extra = expected * shrink, committed * shrink
 
 
 def path_probabilities(tree: DraftTree, edge_probabilities: np.ndarray) -> np.ndarray:

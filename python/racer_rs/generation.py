@@ -261,10 +261,10 @@ class DecodeLoop:
         if self.sizer is not None:
             self.drafter.edge_calibration = self.sizer.edge_probabilities()
         proposal = self.draft(state, min(self.capacity, remaining))
-        full, keep, expected = proposal.tree, None, 0.0
+        full, choice = proposal.tree, None
         if self.sizer is not None:
-            keep, expected = self.sizer.choose(full, state.length)
-            proposal = _cut(proposal, keep)
+            choice = self.sizer.choose(full, state.length)
+            proposal = _cut(proposal, choice.keep)
         drafted = time.perf_counter()
         forward_before = state.timings["forward"]
         verification = self.verify(state, proposal)
@@ -274,17 +274,16 @@ class DecodeLoop:
         state.timings["draft"] += drafted - started
         state.timings["verify"] += verified - drafted
         state.timings["bookkeeping"] += finished - verified
-        if self.sizer is not None and keep is not None:
+        if self.sizer is not None and choice is not None:
             self.sizer.observe(
                 full,
-                keep,
+                choice,
                 verification.path,
                 verification.bonus,
                 randomized=proposal.draft_probs is not None and not self.sampling.greedy,
                 context=state.length - state.accepted_lengths[-1],
                 forward=state.timings["forward"] - forward_before,
                 step=finished - started,
-                expected=expected,
                 committed=state.accepted_lengths[-1],
             )
 

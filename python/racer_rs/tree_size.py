@@ -23,6 +23,7 @@ import json
 import os
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,21 @@ def subtree(tree: DraftTree, keep: np.ndarray) -> DraftTree:
     return DraftTree(tree.tokens[keep], parents, tree.cells[keep])
 
 
+@dataclass(frozen=True)
+class SizeChoice:
+    """One step's choice.
+
+    Attributes:
+        keep: ascending node indices of the drafter's tree to verify (a connected tree).
+        expected: tokens the step is expected to commit (corrected estimate).
+        uncorrected_extra: the kept drafted nodes' summed probabilities before the correction.
+    """
+
+    keep: np.ndarray
+    expected: float
+    uncorrected_extra: float
+
+
 class TreeSizer:
     """Chooses each step's tree size for one request and learns from its outcomes.
 
@@ -89,56 +105,55 @@ class TreeSizer:
         """The calibrated probability of every edge cell (for drafters that build by it)."""
         return self.calibration.probabilities()
 
-    def choose(self, tree: DraftTree, context: int) -> tuple[np.ndarray, float]:
-        """The nodes to verify and the tokens they are expected to commit.
+    def choose(self, tree: DraftTree, context: int) -> SizeChoice:
+        """The nodes to verify and the tokens they are expected to commit (``1 +`` the sum of
+        their acceptance probabilities, corrected by :meth:`EdgeCalibration.extra_scale`).
 
         Args:
             tree: the drafter's full tree.
             context: committed tokens (the forward's prefix length).
-
-        Returns:
-            ``(keep, expected)``: ascending node indices (a connected tree with the root), and
-            ``1 +`` the sum of their acceptance probabilities.
         """
         probabilities = path_probabilities(tree, self.calibration.probabilities())
         order = best_first_order(tree, probabilities)
+        scale = self.calibration.extra_scale()  # one factor for all: the ranking stays the same
+        corrected = np.minimum(probabilities[order[1:]] * scale, 1.0)
         limit = min(len(tree), self.max_capacity)
         steps = self.cost.step_seconds(np.arange(1, limit + 1), context)
-        n = best_prefix_size(probabilities[order[1:]], steps)
-        keep = np.sort(order[:n])
-        return keep, float(probabilities[keep].sum())
+        n = best_prefix_size(corrected, steps)
+        return SizeChoice(np.sort(order[:n]), 1.0 + float(corrected[: n - 1].sum()), float(probabilities[order[1:n]].sum()))
 
     def observe(
         self,
         full: DraftTree,
-        keep: np.ndarray,
+        choice: SizeChoice,
         path: list[int],
         bonus: int,
         randomized: bool,
         context: int,
         forward: float,
         step: float,
-        expected: float,
         committed: int,
     ) -> None:
         """Learn from one verified step.
 
         Args:
-            full: the drafter's full tree; ``keep`` the verified nodes of it.
+            full: the drafter's full tree; ``choice`` the step's choice from it.
             path: accepted node indices of the verified tree; ``bonus`` the token after them.
             randomized: acceptance was randomised (chain speculative sampling): only verified
                 nodes are evidence then.
             context: the step's prefix length; ``forward`` and ``step`` its measured seconds.
-            expected: tokens the choice expected; ``committed`` tokens the step committed.
+            committed: tokens the step committed.
         """
+        keep = choice.keep
         accepted = keep[np.asarray(path, dtype=np.int64)]
         if randomized:
             self.calibration.observe_verified(subtree(full, keep), np.asarray(path))
         else:
             self.calibration.observe_step(full, accepted, bonus)
+        self.calibration.record_step(choice.uncorrected_extra, len(path) - 1)
         self.cost.observe(len(keep), context, forward, step - forward)
         self.sizes[len(keep)] += 1
-        self.predicted.append(expected)
+        self.predicted.append(choice.expected)
         self.observed.append(committed)
 
     def report(self, context: int) -> dict[str, Any]:

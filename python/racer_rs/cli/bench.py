@@ -26,7 +26,7 @@ from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
 from racer_rs.cli.runner import PEERS, BenchConfig, BenchmarkRunner, Record, Setting, parse_capacity, split_label
 
 DEFAULT_METHODS = ("ar", "hf", "hf_pld", "pld", "token_recycling", "racer", "racer_scored")
-DEFAULT_LIMIT = 2
+DEFAULT_LIMIT = 1
 DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_TEMPERATURES = (0.8, 0.0)
 DEFAULT_TOP_P = 0.95
