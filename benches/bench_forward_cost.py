@@ -1,8 +1,7 @@
 """The target's forward cost per draft-tree size, per dtype and thread count.
 
-Times one verification forward (KV cache) of n = 1, 2, 4, ..., 64 tree tokens after a
-``--context``-token prefix, for every ``--dtype`` x ``--threads`` combination, for trees (an
-explicit tree mask) and chains (verified through the model's own causal path), and prints the
+Times one verification forward (tree mask, KV cache) of n = 1, 2, 4, ..., 64 tree tokens after a
+``--context``-token prefix, for every ``--dtype`` x ``--threads`` combination, and prints the
 milliseconds and the ratio to n = 1: how much a bigger tree costs on this machine.
 
 Example (the README's cost table, SmolLM2-135M-Instruct on this CPU):
@@ -30,10 +29,6 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES))
     parser.add_argument("--context", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument(
-        "--shape", choices=("tree", "chain"), nargs="+", default=["tree", "chain"],
-        help="trees (an explicit tree mask) and/or chains (the model's causal path)",
-    )
     parser.add_argument("--out", help="write the curves as JSON here")
     args = parser.parse_args()
 
@@ -42,15 +37,11 @@ def main() -> None:
         model, _ = load_model(args.model, dtype=dtype)
         for threads in args.threads:
             torch.set_num_threads(threads)
-            for shape in args.shape:
-                branching = 4 if shape == "tree" else 1
-                cost = measure_forward_cost(
-                    model, args.sizes, context=args.context, rounds=args.rounds, branching=branching
-                )
-                curves[f"{dtype}/{threads}t/{shape}"] = cost
-                ms = "  ".join(f"{n}:{1000 * t:.1f}" for n, t in cost.items())
-                ratio = "  ".join(f"{n}:{t / cost[min(cost)]:.2f}x" for n, t in cost.items())
-                print(f"{dtype:9s} {threads} thread(s) {shape:5s}  ms  {ms}\n{'':28s}ratio {ratio}", flush=True)
+            cost = measure_forward_cost(model, args.sizes, context=args.context, rounds=args.rounds)
+            curves[f"{dtype}/{threads}t"] = cost
+            ms = "  ".join(f"{n}:{1000 * t:.1f}" for n, t in cost.items())
+            ratio = "  ".join(f"{n}:{t / cost[min(cost)]:.2f}x" for n, t in cost.items())
+            print(f"{dtype:9s} {threads} thread(s)  ms  {ms}\n{'':22s}ratio {ratio}", flush=True)
     print(f"\nmodel {args.model}, context {args.context} tokens, median of {args.rounds} interleaved rounds")
     print("reproduce: python " + shlex.join(sys.argv))
     if args.out:

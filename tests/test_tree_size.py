@@ -29,12 +29,13 @@ pytestmark = pytest.mark.torch
 
 
 def brute_force_size(probabilities: list[float], seconds: list[float]) -> int:
-    """The oracle: every prefix size's rate; the smallest size within rounding of the best."""
-    rates = []
+    """The oracle: try every prefix size, keep the first best rate."""
+    best, best_rate = 1, -1.0
     for n in range(1, min(len(seconds), len(probabilities) + 1) + 1):
-        rates.append((1 + sum(probabilities[: n - 1])) / seconds[n - 1])
-    best = max(rates)
-    return next(n for n, rate in enumerate(rates, start=1) if rate >= best * (1 - 1e-9))
+        rate = (1 + sum(probabilities[: n - 1])) / seconds[n - 1]
+        if rate > best_rate + 1e-12:
+            best, best_rate = n, rate
+    return best
 
 
 # --- the choice rule -----------------------------------------------------------------------
@@ -228,16 +229,11 @@ def test_warm_start_caps_old_evidence():
 # --- the cost model ------------------------------------------------------------------------
 
 
-def steep_cost(per_node: float = 1.0, overhead: float = 0.0, chain_per_node: float | None = None) -> CostModel:
-    """t(n) = 1 + per_node * (n - 1) at 128 tokens of context, twice that at 1024; chains cost
-    ``chain_per_node`` per node if given."""
+def steep_cost(per_node: float = 1.0, overhead: float = 0.0) -> CostModel:
+    """t(n) = 1 + per_node * (n - 1) at 128 tokens of context, twice that at 1024."""
     sizes = [1, 2, 4, 8, 16, 32, 64]
     short = [1 + per_node * (n - 1) for n in sizes]
-    chains = None
-    if chain_per_node is not None:
-        chain_short = [1 + chain_per_node * (n - 1) for n in sizes]
-        chains = {128: chain_short, 1024: [2 * t for t in chain_short]}
-    return CostModel(sizes, {128: short, 1024: [2 * t for t in short]}, overhead=overhead, chain_seconds=chains)
+    return CostModel(sizes, {128: short, 1024: [2 * t for t in short]}, overhead=overhead)
 
 
 def test_cost_interpolates_sizes_and_context_lengths():
@@ -254,7 +250,6 @@ def test_cost_corrects_itself_from_observed_steps():
     assert cost.forward_seconds(np.array([64]), 128)[0] == pytest.approx(2.0, rel=0.01)  # unseen: mean factor
     assert cost.overhead == pytest.approx(0.5, rel=0.01)
     restored = CostModel.from_state(json.loads(json.dumps(cost.state())))
-    assert restored.chain_curve_ms(300) == cost.chain_curve_ms(300)
     assert restored.forward_seconds(np.array([16]), 700) == pytest.approx(cost.forward_seconds(np.array([16]), 700))
     with pytest.raises(ValueError):
         CostModel.from_state({"sizes": [1, 2], "seconds": {"1": [1.0]}})
@@ -265,7 +260,6 @@ def test_cost_corrects_itself_from_observed_steps():
 METHODS = ["ar", "pld", "token_recycling", "racer", "racer_scored", "racer_retrieval", "racer_logits"]
 COSTS = {
     "flat": lambda: CostModel([1, 64], {1: [1.0, 1.0], 2: [1.0, 1.0]}),
-    "cheap_chains": lambda: steep_cost(per_node=1.0, chain_per_node=0.02),
     "steep": lambda: steep_cost(per_node=1.0),
     "mild": lambda: steep_cost(per_node=0.05, overhead=0.2),
 }
@@ -334,7 +328,7 @@ def test_auto_reports_sizes_predictions_and_the_cost_curve(forced_cost):
     assert report["max_capacity"] == 16 and max(report["chosen_sizes"]) <= 16
     assert report["observed_tokens_per_step"] == pytest.approx(np.mean(result.accepted_lengths[: report["steps"]]))
     assert report["predicted_tokens_per_step"] >= 1.0
-    assert set(report["cost_curve_ms"]) == set(report["chain_cost_curve_ms"]) == {1, 2, 4, 8, 16, 32, 64}
+    assert set(report["cost_curve_ms"]) == {1, 2, 4, 8, 16, 32, 64}
     assert result.extras["mean_tree_size"] <= 16
 
 
@@ -417,14 +411,3 @@ def test_the_correction_scales_the_expectation_but_not_the_ranking():
     assert before.keep.tolist() == after.keep.tolist() == [0, 1, 2, 3]  # flat cost: the whole tree
     assert after.uncorrected_extra == pytest.approx(before.uncorrected_extra)
     assert after.expected - 1 < 0.05 * (before.expected - 1)
-
-
-def test_cheap_chains_are_chosen_where_trees_do_not_pay():
-    # Trees cost a forward per node; chains 2% per node. A sure chain of 3 beats any tree.
-    tree = DraftTree([0, 1, 9, 2, 3], [-1, 0, 0, 1, 3], [-1, 0, 3, 1, 2])  # chain 0-1-2-3, a branch 9
-    calibration = EdgeCalibration()
-    calibration.observe(np.repeat([0, 1, 2, 3], 500), np.repeat([True, True, True, False], 500))
-    choice = TreeSizer(COSTS["cheap_chains"](), calibration, max_capacity=5).choose(tree, 128)
-    assert choice.keep.tolist() == [0, 1, 3, 4]
-    choice = TreeSizer(COSTS["steep"](), calibration, max_capacity=5).choose(tree, 128)
-    assert choice.keep.tolist() == [0]  # priced as trees, the same chain does not pay

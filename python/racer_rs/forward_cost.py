@@ -24,8 +24,7 @@ DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
 def synthetic_tree(size: int, vocab: int, branching: int = 4) -> DraftTree:
-    """A tree of ``size`` nodes, each node's parent ``(i - 1) // branching`` (distinct tokens);
-    ``branching=1`` gives a chain."""
+    """A tree of ``size`` nodes, each node's parent ``(i - 1) // branching`` (distinct tokens)."""
     parents = np.asarray([-1] + [(i - 1) // branching for i in range(1, size)], dtype=np.int32)
     tokens = (np.arange(size, dtype=np.int64) * 7919 % vocab).astype(np.int32)
     return DraftTree(tokens, parents)
@@ -38,7 +37,6 @@ def measure_forward_cost(
     rounds: int = 5,
     seed: int = 0,
     statistic: Callable[[list[float]], Any] = np.median,
-    branching: int = 4,
 ) -> dict[int, float]:
     """Median (or ``statistic``) seconds of one tree forward per tree size, at a
     ``context``-token prefix.
@@ -49,9 +47,6 @@ def measure_forward_cost(
         context: tokens already in the KV cache.
         rounds: timed passes over every size (one untimed pass warms up first).
         seed: seeds the random prefix.
-        statistic: how to summarise a size's rounds.
-        branching: children per node of the timed trees; 1 times chains, which the engine
-            verifies without an explicit mask (the model's causal path).
 
     Returns:
         ``{size: median seconds}``.
@@ -64,7 +59,7 @@ def measure_forward_cost(
     vocab = int(model.get_output_embeddings().weight.shape[0])
     prompt = np.random.default_rng(seed).integers(0, vocab, size=context, dtype=np.int64).astype(np.int32)
     verifier.prefill(prompt)
-    trees = {int(n): synthetic_tree(int(n), vocab, branching) for n in sizes}
+    trees = {int(n): synthetic_tree(int(n), vocab) for n in sizes}
     synchronize = torch.cuda.synchronize if verifier.device.type == "cuda" else (lambda: None)
     samples: dict[int, list[float]] = {n: [] for n in trees}
     order = list(trees)
@@ -73,8 +68,7 @@ def measure_forward_cost(
             tree = trees[n]
             synchronize()
             start = time.perf_counter()
-            chain = tree.max_depth == n - 1
-            verifier.forward_tree(tree.tokens, tree.depths, None if chain else tree.attention_mask())
+            verifier.forward_tree(tree.tokens, tree.depths, tree.attention_mask() if n > 1 else None)
             synchronize()
             elapsed = time.perf_counter() - start
             verifier.discard_uncommitted()  # the prefix stays put
@@ -104,11 +98,9 @@ class CostModel:
 
     Args:
         sizes: the tree sizes measured, ascending, starting at 1.
-        seconds: ``{context: seconds per size}`` for two context lengths (trees).
+        seconds: ``{context: seconds per size}`` for two context lengths.
         factors: per-bucket correction factors to start from (``None``: none yet).
         overhead: seconds per step outside the forward to start from.
-        chain_seconds: the same for chains, which the engine verifies without an explicit
-            mask (``None``: chains cost as trees).
     """
 
     def __init__(
@@ -117,60 +109,44 @@ class CostModel:
         seconds: dict[int, Sequence[float]],
         factors: dict[int, float] | None = None,
         overhead: float = 0.0,
-        chain_seconds: dict[int, Sequence[float]] | None = None,
     ) -> None:
         self.sizes = np.asarray(sizes, dtype=np.float64)
         if len(self.sizes) < 1 or self.sizes[0] != 1 or np.any(np.diff(self.sizes) <= 0):
             raise ValueError("sizes must ascend from 1")
-        self.short, self.long, self.curves = self._curves(seconds)
-        self.chain_curves = self.curves
-        if chain_seconds is not None:
-            short, long, self.chain_curves = self._curves(chain_seconds)
-            if (short, long) != (self.short, self.long):
-                raise ValueError("chain and tree curves must be measured at the same context lengths")
-        self.factors: dict[int, float] = dict(factors or {})
-        self.overhead = float(overhead)
-
-    def _curves(self, seconds: dict[int, Sequence[float]]) -> tuple[int, int, tuple[np.ndarray, np.ndarray]]:
         if len(seconds) != 2 or any(len(v) != len(self.sizes) for v in seconds.values()):
             raise ValueError("seconds must hold one curve per context length, for two lengths")
-        (short, short_curve), (long, long_curve) = sorted(seconds.items())
-        curves = (np.asarray(short_curve, dtype=np.float64), np.asarray(long_curve, dtype=np.float64))
-        if not all(np.all(curve > 0) for curve in curves):
+        (self.short, short), (self.long, long) = sorted(seconds.items())
+        self.curve_short = np.asarray(short, dtype=np.float64)
+        self.curve_long = np.asarray(long, dtype=np.float64)
+        if not (np.all(self.curve_short > 0) and np.all(self.curve_long > 0)):
             raise ValueError("measured seconds must be positive")
-        return int(short), int(long), curves
+        self.factors: dict[int, float] = dict(factors or {})
+        self.overhead = float(overhead)
 
     @property
     def max_size(self) -> int:
         """The largest measured tree size."""
         return int(self.sizes[-1])
 
-    def forward_seconds(self, n: np.ndarray, context: int, chain: np.ndarray | None = None) -> np.ndarray:
-        """Predicted forward seconds for tree sizes ``n`` at ``context`` tokens (``chain``: which
-        of them are chains)."""
+    def forward_seconds(self, n: np.ndarray, context: int) -> np.ndarray:
+        """Predicted forward seconds for tree sizes ``n`` at ``context`` tokens."""
         n = np.asarray(n, dtype=np.float64)
+        short = np.interp(n, self.sizes, self.curve_short)
+        long = np.interp(n, self.sizes, self.curve_long)
         weight = (context - self.short) / (self.long - self.short)
-        base = self._interpolate(self.curves, n, weight)
-        if chain is not None:
-            base = np.where(chain, self._interpolate(self.chain_curves, n, weight), base)
-        base = np.maximum(base, 1e-6)
+        base = np.maximum(short + weight * (long - short), 1e-6)
         default = float(np.mean(list(self.factors.values()))) if self.factors else 1.0
         factor = np.asarray([self.factors.get(_bucket(int(k)), default) for k in n.ravel()]).reshape(n.shape)
         return base * factor
 
-    def _interpolate(self, curves: tuple[np.ndarray, np.ndarray], n: np.ndarray, weight: float) -> np.ndarray:
-        short = np.interp(n, self.sizes, curves[0])
-        return short + weight * (np.interp(n, self.sizes, curves[1]) - short)
-
-    def step_seconds(self, n: np.ndarray, context: int, chain: np.ndarray | None = None) -> np.ndarray:
+    def step_seconds(self, n: np.ndarray, context: int) -> np.ndarray:
         """Predicted seconds of a whole decode step verifying ``n`` tree tokens."""
-        return self.forward_seconds(n, context, chain) + self.overhead
+        return self.forward_seconds(n, context) + self.overhead
 
-    def observe(self, n: int, context: int, forward: float, overhead: float, chain: bool = False) -> None:
+    def observe(self, n: int, context: int, forward: float, overhead: float) -> None:
         """Correct the model with one step's measured forward and outside-forward seconds."""
         bucket = _bucket(n)
-        shape = np.asarray([chain])
-        predicted = float(self.forward_seconds(np.asarray([n]), context, shape)[0]) / self.factors.get(bucket, 1.0)
+        predicted = float(self.forward_seconds(np.asarray([n]), context)[0]) / self.factors.get(bucket, 1.0)
         ratio = forward / predicted
         old = self.factors.get(bucket)
         self.factors[bucket] = ratio if old is None else (1 - CORRECTION_RATE) * old + CORRECTION_RATE * ratio
@@ -180,8 +156,7 @@ class CostModel:
         """JSON-ready state (:meth:`from_state` restores it)."""
         return {
             "sizes": self.sizes.astype(int).tolist(),
-            "seconds": {str(self.short): self.curves[0].tolist(), str(self.long): self.curves[1].tolist()},
-            "chain_seconds": {str(self.short): self.chain_curves[0].tolist(), str(self.long): self.chain_curves[1].tolist()},
+            "seconds": {str(self.short): self.curve_short.tolist(), str(self.long): self.curve_long.tolist()},
             "factors": {str(k): v for k, v in self.factors.items()},
             "overhead": self.overhead,
         }
@@ -195,25 +170,16 @@ class CostModel:
         """
         try:
             seconds = {int(k): [float(x) for x in v] for k, v in state["seconds"].items()}
-            chains = {int(k): [float(x) for x in v] for k, v in state["chain_seconds"].items()}
             factors = {int(k): float(v) for k, v in state.get("factors", {}).items()}
             if not all(np.isfinite(v) and v > 0 for v in factors.values()):
                 raise ValueError("correction factors must be positive")
-            return cls(state["sizes"], seconds, factors, float(state.get("overhead", 0.0)), chains)
+            return cls(state["sizes"], seconds, factors, float(state.get("overhead", 0.0)))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed cost state: {exc}") from None
 
     def curve_ms(self, context: int) -> dict[int, float]:
         """The corrected forward cost per measured size, in milliseconds (for reports)."""
         return {int(n): round(1000 * float(t), 3) for n, t in zip(self.sizes, self.forward_seconds(self.sizes, context))}
-
-    def chain_curve_ms(self, context: int) -> dict[int, float]:
-        """The corrected forward cost of chains per measured size, in milliseconds."""
-        chains = np.ones(len(self.sizes), dtype=bool)
-        return {
-            int(n): round(1000 * float(t), 3)
-            for n, t in zip(self.sizes, self.forward_seconds(self.sizes, context, chains))
-        }
 
 
 def measure_cost_model(model: Any, max_size: int, rounds: int = 3) -> CostModel:
@@ -227,17 +193,12 @@ def measure_cost_model(model: Any, max_size: int, rounds: int = 3) -> CostModel:
     while sizes[-1] < max_size:
         sizes.append(min(2 * sizes[-1], max_size))
     window = getattr(model.config.get_text_config(), "max_position_embeddings", None) or 4096
-    curves: dict[int, dict[int, list[float]]] = {4: {}, 1: {}}  # trees, chains
+    seconds = {}
     for context in CURVE_CONTEXTS:
         context = min(context, max(1, int(window) - max_size - 1))
-        for branching, seconds in curves.items():
-            cost = measure_forward_cost(
-                model, sizes, context=context, rounds=rounds, statistic=np.min, branching=branching
-            )
-            seconds[context] = np.maximum.accumulate([cost[n] for n in sizes]).tolist()
-    for seconds in curves.values():
-        if len(seconds) < 2:  # a tiny window: one length, counted twice
-            only = next(iter(seconds.values()))
-            seconds.clear()
-            seconds.update({1: only, 2: only})
-    return CostModel(sizes, curves[4], chain_seconds=curves[1])
+        cost = measure_forward_cost(model, sizes, context=context, rounds=rounds, statistic=np.min)
+        seconds[context] = np.maximum.accumulate([cost[n] for n in sizes]).tolist()
+    if len(seconds) < 2:  # a tiny window: one length, counted twice
+        only = next(iter(seconds.values()))
+        seconds = {1: only, 2: only}
+    return CostModel(sizes, seconds)

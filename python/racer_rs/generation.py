@@ -318,8 +318,7 @@ class DecodeLoop:
             raise ValueError(f"drafter {self.drafter.name!r} returned a tree whose root is not next_token")
         state.tree_nodes += n
         model_seconds = self.verifier.model_seconds
-        is_chain = tree.max_depth == n - 1
-        logits = self.verifier.forward_tree(tokens, depths, None if is_chain else tree.attention_mask())
+        logits = self.verifier.forward_tree(tokens, depths, tree.attention_mask() if n > 1 else None)
         state.timings["forward"] += self.verifier.model_seconds - model_seconds
 
         chain = proposal.draft_probs is not None and not self.sampling.greedy and n > 1

@@ -34,7 +34,7 @@ from racer_rs.acceptance_model import EdgeCalibration, path_probabilities
 from racer_rs.forward_cost import CostModel, measure_cost_model
 
 #: Cached-state format; files of another format are measured again.
-STATE_FORMAT = 2
+STATE_FORMAT = 1
 
 
 def best_prefix_size(probabilities: np.ndarray, step_seconds: np.ndarray) -> int:
@@ -52,8 +52,7 @@ def best_prefix_size(probabilities: np.ndarray, step_seconds: np.ndarray) -> int
     limit = min(len(step_seconds), len(probabilities) + 1)
     expected = 1.0 + np.concatenate([[0.0], np.cumsum(probabilities[: limit - 1])])
     rate = expected / np.asarray(step_seconds[:limit], dtype=np.float64)
-    # Ties (to rounding) go to the smaller tree: a gain within float noise is no gain.
-    return int(np.flatnonzero(rate >= rate.max() * (1 - 1e-9))[0]) + 1
+    return int(np.argmax(rate)) + 1
 
 
 def best_first_order(tree: DraftTree, probabilities: np.ndarray) -> np.ndarray:
@@ -119,9 +118,7 @@ class TreeSizer:
         scale = self.calibration.extra_scale()  # one factor for all: the ranking stays the same
         corrected = np.minimum(probabilities[order[1:]] * scale, 1.0)
         limit = min(len(tree), self.max_capacity)
-        # The prefix of n nodes is a chain while the best-first nodes' depths run 0, 1, 2, ...
-        chain = np.cumprod(tree.depths[order[:limit]] == np.arange(limit)).astype(bool)
-        steps = self.cost.step_seconds(np.arange(1, limit + 1), context, chain)
+        steps = self.cost.step_seconds(np.arange(1, limit + 1), context)
         n = best_prefix_size(corrected, steps)
         return SizeChoice(np.sort(order[:n]), 1.0 + float(corrected[: n - 1].sum()), float(probabilities[order[1:n]].sum()))
 
@@ -154,8 +151,7 @@ class TreeSizer:
         else:
             self.calibration.observe_step(full, accepted, bonus)
         self.calibration.record_step(choice.uncorrected_extra, len(path) - 1)
-        is_chain = int(full.depths[keep].max()) == len(keep) - 1
-        self.cost.observe(len(keep), context, forward, step - forward, chain=is_chain)
+        self.cost.observe(len(keep), context, forward, step - forward)
         self.sizes[len(keep)] += 1
         self.predicted.append(choice.expected)
         self.observed.append(committed)
@@ -170,7 +166,6 @@ class TreeSizer:
             "predicted_tokens_per_step": float(np.mean(self.predicted)) if steps else 0.0,
             "observed_tokens_per_step": float(np.mean(self.observed)) if steps else 0.0,
             "cost_curve_ms": self.cost.curve_ms(context),
-            "chain_cost_curve_ms": self.cost.chain_curve_ms(context),
             "overhead_ms": round(1000 * self.cost.overhead, 3),
         }
 

@@ -243,18 +243,14 @@ class TreeVerifier:
         Args:
             tokens: ``int32[n]`` node tokens in BFS order (root first).
             depths: ``int32[n]`` node depths (root 0).
-            ancestors: ``bool[n, n]`` ancestor-or-self matrix, or ``None`` for a chain (each
-                node the child of the one before, a lone root included): causal attention is
-                its tree mask, and the model's own causal path is much cheaper on a CPU than an
-                explicit 4D mask.
+            ancestors: ``bool[n, n]`` ancestor-or-self matrix (may be ``None`` for a lone root).
 
         Returns:
             ``[n, V]`` raw logits; row ``i`` predicts the token after node ``i``.
         """
         ids = torch.from_numpy(np.asarray(tokens, dtype=np.int64)).to(self.device).unsqueeze(0)
         if ancestors is None or ids.shape[1] == 1:
-            # A chain is plain decoding of several tokens: the model builds its own causal mask,
-            # and its positions follow from the cache length (L + depth).
+            # A lone root is plain decoding: let the model build its own (causal) mask.
             inputs: dict[str, Any] = {"input_ids": ids}
         else:
             positions = np.asarray(depths, dtype=np.int64) + self.length
