@@ -29,13 +29,12 @@ pytestmark = pytest.mark.torch
 
 
 def brute_force_size(probabilities: list[float], seconds: list[float]) -> int:
-    """The oracle: try every prefix size, keep the first best rate."""
-    best, best_rate = 1, -1.0
+    """The oracle: every prefix size's rate; the smallest size within rounding of the best."""
+    rates = []
     for n in range(1, min(len(seconds), len(probabilities) + 1) + 1):
-        rate = (1 + sum(probabilities[: n - 1])) / seconds[n - 1]
-        if rate > best_rate + 1e-12:
-            best, best_rate = n, rate
-    return best
+        rates.append((1 + sum(probabilities[: n - 1])) / seconds[n - 1])
+    best = max(rates)
+    return next(n for n, rate in enumerate(rates, start=1) if rate >= best * (1 - 1e-9))
 
 
 # --- the choice rule -----------------------------------------------------------------------

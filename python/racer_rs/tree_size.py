@@ -52,7 +52,8 @@ def best_prefix_size(probabilities: np.ndarray, step_seconds: np.ndarray) -> int
     limit = min(len(step_seconds), len(probabilities) + 1)
     expected = 1.0 + np.concatenate([[0.0], np.cumsum(probabilities[: limit - 1])])
     rate = expected / np.asarray(step_seconds[:limit], dtype=np.float64)
-    return int(np.argmax(rate)) + 1
+    # Ties (to rounding) go to the smaller tree: a gain within float noise is no gain.
+    return int(np.flatnonzero(rate >= rate.max() * (1 - 1e-9))[0]) + 1
 
 
 def best_first_order(tree: DraftTree, probabilities: np.ndarray) -> np.ndarray:
