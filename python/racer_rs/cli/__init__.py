@@ -41,11 +41,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code: 0 on success, 1 when a greedy benchmark found a mismatch, 2 on bad input,
         130 when interrupted, 141 when stdout was closed early (a broken pipe).
     """
-    # Idle OpenMP threads sleep instead of spinning: on a machine with other work on its cores,
-    # spinning threads that wait for a descheduled peer made forwards up to 40x slower (measured
-    # with two threads on two busy cores); on an idle machine it costs a little single-token speed.
-    # Effective only before torch is imported, which the command does lazily.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         arguments = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(arguments)

@@ -103,8 +103,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    # torch's own thread count (every core): with OpenMP's passive waiting (set by `racer`), two
-    # threads on two busy cores no longer collapse, and on an idle machine they are the fastest.
+    # torch's own thread count (every core): the fastest on an idle machine (bfloat16 on two
+    # cores here: 31 ms per token against 47 ms on one). On a busy one, OpenMP threads spinning
+    # for a descheduled peer can make forwards many times slower: use --threads 1 there, or
+    # OMP_WAIT_POLICY=PASSIVE (recorded in the report).
     common.add_model_arguments(parser)
     parser.set_defaults(run=run)
 
