@@ -25,7 +25,7 @@ from racer_rs.cli.report import build_report, format_table, mismatched_records, 
 from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
 from racer_rs.cli.runner import PEERS, BenchConfig, BenchmarkRunner, Record, Setting, parse_capacity, split_label
 
-DEFAULT_METHODS = ("ar", "hf", "hf_pld", "pld", "token_recycling", "racer", "racer_scored")
+DEFAULT_METHODS = ("ar", "hf", "hf_pld", "pld", "token_recycling", "racer", "racer_scored", "racer_scored@auto")
 DEFAULT_LIMIT = 1
 DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_TEMPERATURES = (0.8, 0.0)
@@ -114,7 +114,7 @@ def add_parser(subparsers: Any) -> None:
 def _methods(args: argparse.Namespace) -> list[str]:
     if args.methods is None:
         defaults = [*DEFAULT_METHODS, "hf_assisted"] if args.draft_model else list(DEFAULT_METHODS)
-        return [m for m in defaults if m in PEERS or common.method_importable(m)]
+        return [m for m in defaults if m in PEERS or common.method_importable(split_label(m)[0])]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise CLIError("--methods: no method given")
