@@ -49,8 +49,9 @@ import racer_rs
 from racer_rs.cli.data import load_questions
 from racer_rs.cli.prompting import encode_conversation
 
+from position_buckets import BUCKET, acceptance_by_bucket, plot_acceptance, tts_update_summary
+
 ROOT = Path(__file__).resolve().parents[1]
-BUCKET = 128
 CATEGORIES = ("writing", "roleplay", "summarization")
 LABELS = (
     "ar",
@@ -112,37 +113,22 @@ def load_prompts(tokenizer: Any, per_category: int) -> list[tuple[str, list[int]
 
 
 def summarise(label: str, results: list[Any], n_new: int, ar_seconds: float) -> dict[str, Any]:
-    positions = np.concatenate([np.asarray(r.positions) for r in results])
-    accepted = np.concatenate([np.asarray(r.accepted_lengths) for r in results])
-    buckets, rounds = [], []
-    for start in range(0, n_new, BUCKET):
-        in_bucket = (positions >= start) & (positions < start + BUCKET)
-        buckets.append(float(accepted[in_bucket].mean()) if in_bucket.any() else float("nan"))
-        rounds.append(int(in_bucket.sum()))
+    mat, buckets, rounds = acceptance_by_bucket(results, n_new)
+    n_rounds = sum(len(r.accepted_lengths) for r in results)
     seconds = sum(r.timings["total"] for r in results)
     decode = sum(r.timings["total"] - r.timings["prefill"] for r in results)
     tokens = sum(len(r.tokens) for r in results)
-    row: dict[str, Any] = {
+    return {
         "method": label,
-        "mat": float(accepted.mean()),
+        "mat": mat,
         "buckets": buckets,
         "bucket_rounds": rounds,
         "seconds": seconds,
         "tokens_per_s": tokens / seconds,
         "speedup": ar_seconds / seconds,
-        "draft_ms_per_round": 1000 * sum(r.timings["draft"] for r in results) / len(accepted),
-        "ms_per_round": 1000 * decode / len(accepted),
-    }
-    if "tts_updates" in results[0].extras:
-        critical = sum(r.extras["tts_wait_time"] + r.extras["tts_publish_time"] for r in results)
-        row |= {
-            "updates": sum(r.extras["tts_updates"] for r in results),
-            "update_s": sum(r.extras["tts_update_time"] for r in results),
-            "critical_s": critical,
-            "critical_share": critical / decode,
-            "mean_loss": float(np.nanmean([r.extras["tts_mean_loss"] for r in results])),
-        }
-    return row
+        "draft_ms_per_round": 1000 * sum(r.timings["draft"] for r in results) / n_rounds,
+        "ms_per_round": 1000 * decode / n_rounds,
+    } | tts_update_summary(results, decode)
 
 
 def head_timing(target: Any, drafts: dict[str, Any], repeats: int = 50) -> dict[str, float]:
@@ -208,27 +194,6 @@ def print_table(rows: list[dict[str, Any]], temperature: float) -> None:
             f"goal: racer_tts {by['racer_tts']['tokens_per_s']:.2f} tok/s vs the faster of racer and tts "
             f"({best['method']}, {best['tokens_per_s']:.2f} tok/s)"
         )
-
-
-def plot(rows: list[dict[str, Any]], path: Path, n_new: int, temperature: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    centers = np.arange(0, n_new, BUCKET)[: len(rows[0]["buckets"])] + BUCKET / 2
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for row in rows:
-        if row["method"] != "ar":
-            ax.plot(centers, row["buckets"], marker="o", label=f"{row['method']} (MAT {row['mat']:.2f})")
-    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel(f"generation position (start of round, {BUCKET}-token buckets)")
-    ax.set_ylabel("acceptance length (tokens / round)")
-    ax.set_title(f"SmolLM2-135M-Instruct, self-draft, T={temperature:g}")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -307,7 +272,8 @@ def main() -> None:
         payload["runs"][f"T={temperature:g}"] = {"rows": rows, "mismatches": mismatches if temperature == 0 else None}
         if not args.no_plots:
             args.out.mkdir(parents=True, exist_ok=True)
-            plot(rows, args.out / f"self_draft_T{temperature:g}.png", args.max_new_tokens, temperature)
+            title = f"SmolLM2-135M-Instruct, self-draft, T={temperature:g}"
+            plot_acceptance(rows, args.out / f"self_draft_T{temperature:g}.png", args.max_new_tokens, title)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "self_draft_results.json").write_text(json.dumps(payload, indent=2))
     print(f"wrote {args.out / 'self_draft_results.json'}")

@@ -28,14 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 import racer_rs
 
+from position_buckets import BUCKET, acceptance_by_bucket, plot_acceptance, tts_update_summary
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RACER_SHARED_DIR", ROOT.parent / "shared"))
-BUCKET = 128
 
 
 def method_table(args: argparse.Namespace) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -72,57 +72,20 @@ def run_one(target: Any, draft: Any, prompt: list[int], method: str, options: di
 
 
 def summarise(label: str, results: list[Any], n_new: int, ar_seconds: float) -> dict[str, Any]:
-    positions = np.concatenate([np.asarray(r.positions) for r in results])
-    accepted = np.concatenate([np.asarray(r.accepted_lengths) for r in results])
-    buckets = []
-    for start in range(0, n_new, BUCKET):
-        in_bucket = (positions >= start) & (positions < start + BUCKET)
-        buckets.append(float(accepted[in_bucket].mean()) if in_bucket.any() else float("nan"))
+    mat, buckets, _ = acceptance_by_bucket(results, n_new)
+    n_rounds = sum(len(r.accepted_lengths) for r in results)
     seconds = sum(r.timings["total"] for r in results)
     decode = sum(r.timings["total"] - r.timings["prefill"] for r in results)
-    row: dict[str, Any] = {
+    return {
         "method": label,
-        "mat": float(accepted.mean()),
+        "mat": mat,
         "buckets": buckets,
         "seconds": seconds,
         "speedup": ar_seconds / seconds,
-        "ms_per_round": 1000 * decode / len(accepted),
+        "ms_per_round": 1000 * decode / n_rounds,
         "draft_s": sum(r.timings["draft"] for r in results),
         "verify_s": sum(r.timings["verify"] for r in results),
-    }
-    if "tts_updates" in results[0].extras:
-        update = sum(r.extras["tts_update_time"] for r in results)
-        critical = sum(r.extras["tts_wait_time"] + r.extras["tts_publish_time"] for r in results)
-        row |= {
-            "updates": sum(r.extras["tts_updates"] for r in results),
-            "update_s": update,
-            "critical_s": critical,
-            "overlapped_s": sum(r.extras["tts_overlapped_time"] for r in results),
-            "critical_fraction": critical / decode,
-            "mean_loss": float(np.mean([r.extras["tts_mean_loss"] for r in results])),
-        }
-    return row
-
-
-def plot(rows: list[dict[str, Any]], path: Path, n_new: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    centers = np.arange(0, n_new, BUCKET) + BUCKET / 2
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for row in rows:
-        if row["method"] != "ar":
-            ax.plot(centers, row["buckets"], marker="o", label=f"{row['method']} (MAT {row['mat']:.2f})")
-    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel(f"generation position (start of round, {BUCKET}-token buckets)")
-    ax.set_ylabel("acceptance length (tokens / round)")
-    ax.set_title("pycode-target-7m + pycode-draft-1m (trained on 128-token windows), greedy")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    } | tts_update_summary(results, decode)
 
 
 def main() -> None:
@@ -187,7 +150,7 @@ def main() -> None:
         if "updates" in row:
             print(
                 f"{row['method']:12s} updates {row['updates']:4d}  update {row['update_s']:6.2f}s  "
-                f"critical {row['critical_s']:6.3f}s ({100 * row['critical_fraction']:.1f}% of decode)  "
+                f"critical {row['critical_s']:6.3f}s ({100 * row['critical_share']:.1f}% of decode)  "
                 f"overlapped {row['overlapped_s']:6.2f}s  mean loss {row['mean_loss']:.3f}"
             )
     static = next((r for r in rows if r["method"] == "draft_model"), None)
@@ -202,7 +165,8 @@ def main() -> None:
     print("greedy mismatches vs ar:", {k: v for k, v in mismatches.items()})
 
     args.out.mkdir(parents=True, exist_ok=True)
-    plot(rows, args.out / "tts_acceptance.png", args.max_new_tokens)
+    title = "pycode-target-7m + pycode-draft-1m (trained on 128-token windows), greedy"
+    plot_acceptance(rows, args.out / "tts_acceptance.png", args.max_new_tokens, title)
     payload = {"command": sys.argv, "threads": args.threads, "prompts": len(prompts), "rows": rows}
     (args.out / "tts_results.json").write_text(json.dumps(payload, indent=2))
     print(f"wrote {args.out / 'tts_acceptance.png'} and {args.out / 'tts_results.json'}")

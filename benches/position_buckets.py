@@ -1,0 +1,69 @@
+"""Long-generation measurements shared by ``bench_tts.py`` and ``bench_self_draft.py``.
+
+Acceptance length per generation-position bucket (does a draft's acceptance decay as the text
+grows?), TTS's update work on the critical path, and the acceptance-versus-position plot.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BUCKET = 128
+
+
+def acceptance_by_bucket(results: list[Any], n_new: int) -> tuple[float, list[float], list[int]]:
+    """MAT, and acceptance length per ``BUCKET`` positions with each bucket's round count.
+
+    A round belongs to the bucket of the position it starts at; rounds are pooled over
+    ``results`` (one ``GenerationResult`` per prompt). An empty bucket's acceptance is NaN.
+    """
+    positions = np.concatenate([np.asarray(r.positions) for r in results])
+    accepted = np.concatenate([np.asarray(r.accepted_lengths) for r in results])
+    buckets, rounds = [], []
+    for start in range(0, n_new, BUCKET):
+        in_bucket = (positions >= start) & (positions < start + BUCKET)
+        buckets.append(float(accepted[in_bucket].mean()) if in_bucket.any() else float("nan"))
+        rounds.append(int(in_bucket.sum()))
+    return float(accepted.mean()), buckets, rounds
+
+
+def tts_update_summary(results: list[Any], decode_seconds: float) -> dict[str, Any]:
+    """TTS's update work, and the part of it on the critical path (barrier waits + weight
+    publication) as a share of decode time; empty for methods that do not adapt a draft."""
+    if "tts_updates" not in results[0].extras:
+        return {}
+    critical = sum(r.extras["tts_wait_time"] + r.extras["tts_publish_time"] for r in results)
+    return {
+        "updates": sum(r.extras["tts_updates"] for r in results),
+        "update_s": sum(r.extras["tts_update_time"] for r in results),
+        "critical_s": critical,
+        "critical_share": critical / decode_seconds,
+        "overlapped_s": sum(r.extras["tts_overlapped_time"] for r in results),
+        "mean_loss": float(np.nanmean([r.extras["tts_mean_loss"] for r in results])),
+    }
+
+
+def plot_acceptance(rows: list[dict[str, Any]], path: Path, n_new: int, title: str) -> None:
+    """Acceptance length per position bucket, one line per method except ``ar``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    centers = np.arange(0, n_new, BUCKET)[: len(rows[0]["buckets"])] + BUCKET / 2
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for row in rows:
+        if row["method"] != "ar":
+            ax.plot(centers, row["buckets"], marker="o", label=f"{row['method']} (MAT {row['mat']:.2f})")
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel(f"generation position (start of round, {BUCKET}-token buckets)")
+    ax.set_ylabel("acceptance length (tokens / round)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
