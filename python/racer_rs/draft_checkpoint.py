@@ -18,15 +18,14 @@ bfloat16 copy of the same target still matches).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from racer_rs.atomic_files import file_digest, staged_file, write_text_atomically
 from racer_rs.self_draft_model import self_draft
 
 __all__ = [
@@ -116,16 +115,11 @@ def save_self_draft(
     if kept is not None:
         tensors["kept_ids"] = kept.detach().to("cpu", torch.long).contiguous()
     tensors["target_probe"] = target_probe(target, layers)
-    handle, temporary = tempfile.mkstemp(prefix=".draft-", suffix=".tmp", dir=folder)
-    os.close(handle)
-    try:
-        save_file(tensors, temporary)
-        digest = _sha256(Path(temporary))
+    with staged_file(folder, ".draft-") as temporary:
+        save_file(tensors, str(temporary))
+        digest = file_digest(temporary)
         weights = folder / f"draft-{digest[:16]}.safetensors"
         os.replace(temporary, weights)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
     manifest = {
         "format": FORMAT,
         "version": VERSION,
@@ -136,7 +130,7 @@ def save_self_draft(
         "stats": stats or {},
     }
     path = folder / MANIFEST
-    write_atomic(path, json.dumps(manifest, indent=2) + "\n")
+    write_text_atomically(path, json.dumps(manifest, indent=2) + "\n")
     for old in folder.glob("draft-*.safetensors"):
         if old != weights:
             old.unlink(missing_ok=True)  # the manifest no longer names it
@@ -192,7 +186,7 @@ def load_self_draft(target: Any, folder: str | os.PathLike[str]) -> Any:
     path = folder / weights["file"]
     if not path.is_file():
         raise DraftCheckpointError(f"{path} is missing; the checkpoint is incomplete")
-    if path.stat().st_size != weights.get("bytes") or _sha256(path) != weights.get("sha256"):
+    if path.stat().st_size != weights.get("bytes") or file_digest(path) != weights.get("sha256"):
         raise DraftCheckpointError(f"{path} does not match its checksum; the checkpoint is truncated or corrupt")
     _check_target(target, manifest, folder)
     try:
@@ -218,20 +212,6 @@ def load_self_draft(target: Any, folder: str | os.PathLike[str]) -> Any:
     return draft
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename (never half-written)."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 def _check_target(target: Any, manifest: dict[str, Any], folder: Path) -> None:
     from racer_rs.self_draft_model import check_self_draft_target
 
@@ -246,11 +226,3 @@ def _check_target(target: Any, manifest: dict[str, Any], folder: Path) -> None:
             )
     if not 1 <= manifest["layers"] <= int(target.config.num_hidden_layers):
         raise DraftCheckpointError(f"{folder}: layers={manifest['layers']} does not fit the target")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

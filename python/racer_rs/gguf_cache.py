@@ -21,7 +21,6 @@ The cache folder is ``$RACER_RS_CACHE``, else ``$XDG_CACHE_HOME/racer_rs``, else
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -30,11 +29,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from racer_rs.atomic_files import file_digest
+
 CACHE_ENV = "RACER_RS_CACHE"
 #: Bumped whenever an entry's layout changes; entries of another format are rebuilt.
 FORMAT = 1
 MANIFEST = "racer_rs_entry.json"
-_CHUNK = 1 << 22
 # Entries already hashed by this process, keyed by their files' (name, size, mtime): loading
 # checks an entry twice (before work starts, then to load it); hash it once.
 _verified: set[tuple[str, tuple[tuple[str, int, int], ...]]] = set()
@@ -48,15 +48,6 @@ def cache_root() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "racer_rs"
-
-
-def file_digest(path: Path) -> str:
-    """SHA-256 of a file's content, hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 _source_digests: dict[tuple[str, int, int], str] = {}

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from racer_rs.atomic_files import write_text_atomically
 from racer_rs.cli.runner import Record
 
 SCHEMA_VERSION = 2
@@ -170,8 +171,9 @@ def _json_safe(value: Any) -> Any:
 
 
 def _record_dict(record: Record) -> dict[str, Any]:
-    # Not dataclasses.asdict: it deep-copies extras, which may hold tensors.
-    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    # Not dataclasses.asdict: it deep-copies extras, which may hold tensors. The prompt's ids
+    # serve only the in-process output check; every method and turn would repeat them.
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name != "prompt_ids"}
 
 
 def build_report(
@@ -217,4 +219,4 @@ def build_report(
 
 def write_json(report: dict[str, Any], path: Path) -> None:
     """Write the report as indented JSON (non-finite numbers already mapped to null)."""
-    path.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    write_text_atomically(path, json.dumps(report, indent=1, allow_nan=False) + "\n")

@@ -13,13 +13,14 @@ Shards are written through a temporary file and a rename, so a shard on disk is 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from racer_rs.atomic_files import staged_file
 
 HEAD_CHUNK = 256  # prompt positions per LM-head call (bounds the [rows, vocabulary] logits)
 
@@ -206,14 +207,9 @@ def load_shard(path: Path) -> Shard:
 
 def save_atomic(obj: Any, path: Path) -> None:
     """``torch.save`` through a temporary file and a rename (a reader never sees half a file)."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
-    os.close(handle)
-    try:
+    with staged_file(path.parent, f".{path.name}-") as temporary:
         torch.save(obj, temporary)
         os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def token_mass(shards: Sequence[Shard], vocab_size: int) -> torch.Tensor:

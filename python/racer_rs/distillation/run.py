@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from racer_rs.atomic_files import write_text_atomically
 from racer_rs.distillation.data import (
     Sample,
     Shard,
@@ -51,7 +52,6 @@ from racer_rs.draft_checkpoint import (
     save_self_draft,
     target_architecture,
     target_probe,
-    write_atomic,
 )
 from racer_rs.self_draft_model import check_self_draft_target, self_draft
 
@@ -385,7 +385,7 @@ class _Run:
             return
         self.work.mkdir(parents=True, exist_ok=True)
         save_atomic(probe, self.work / "probe.pt")
-        write_atomic(plan_path, json.dumps(plan, indent=2) + "\n")
+        write_text_atomically(plan_path, json.dumps(plan, indent=2) + "\n")
 
     def _plan(self) -> dict[str, Any]:
         digest = hashlib.sha256(json.dumps(self.prompts).encode()).hexdigest()
@@ -408,7 +408,7 @@ class _Run:
 
     def _save_state(self) -> None:
         self.state.spent = self.clock.spent()
-        write_atomic(self.work / "state.json", json.dumps(self.state.__dict__, indent=2) + "\n")
+        write_text_atomically(self.work / "state.json", json.dumps(self.state.__dict__, indent=2) + "\n")
 
     def _restore(self, draft: Any, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
         params = dict(draft.named_parameters())
