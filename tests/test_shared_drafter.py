@@ -103,6 +103,25 @@ def test_a_persistent_racer_drafter_shared_by_two_threads_is_safe() -> None:
     assert len(drafter.automaton) > 0 and len(drafter.table) > 0  # both requests' tokens were indexed
 
 
+def test_each_thread_sees_its_own_edge_calibration() -> None:
+    # The engine sets a shared drafter's calibration before every propose; with two requests in
+    # two threads, one request's setting (or clearing) must not reach the other's drafts.
+    drafter = make_drafter("racer_scored", tiny_model("llama"), persistent=True)
+    mine = np.full(racer_rs.EDGE_CELLS, 0.25, dtype=np.float32)
+    drafter.edge_calibration = mine
+    seen: list[Any] = []
+
+    def other_request() -> None:
+        seen.append(drafter.edge_calibration)
+        drafter.edge_calibration = None  # as generate() clears it when its request ends
+
+    other = threading.Thread(target=other_request)
+    other.start()
+    other.join()
+    assert seen == [None]
+    assert drafter.edge_calibration is mine
+
+
 def test_a_drafter_with_per_request_state_fails_the_same_check() -> None:
     model = tiny_model("llama", seed=0, sharpen=4.0)
     with pytest.raises(AssertionError, match="another request's state"):

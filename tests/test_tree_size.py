@@ -22,7 +22,7 @@ from racer_rs import EDGE_CELLS, DraftTree, edge_cell_priors, tree_size  # noqa:
 from racer_rs.acceptance_model import PRIOR_WEIGHT, EdgeCalibration, path_probabilities  # noqa: E402
 from racer_rs.forward_cost import CostModel  # noqa: E402
 from racer_rs.sampling import SamplingConfig  # noqa: E402
-from racer_rs.tree_size import TreeSizer, best_first_order, best_prefix_size, subtree  # noqa: E402
+from racer_rs.tree_size import EXPLORE_AFTER, TreeSizer, best_first_order, best_prefix_size, subtree  # noqa: E402
 from tests.tiny_models import REPEATING_PROMPT, plain_greedy, plain_sampling, seeded_llama, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -254,6 +254,58 @@ def test_cost_corrects_itself_from_observed_steps():
         CostModel.from_state({"sizes": [1, 2], "seconds": {"1": [1.0]}})
 
 
+def test_a_first_look_at_a_size_learns_the_machine_s_factor_not_one():
+    cost = steep_cost(per_node=1.0)
+    for _ in range(100):  # everything runs twice as slow as measured; only single tokens seen
+        cost.observe(1, 128, forward=2.0, overhead=0.0)
+    measured_16 = float(cost.measured_seconds(np.array([16]), 128)[0])
+    cost.observe(16, 128, forward=2 * measured_16, overhead=0.0)  # first 16-token step: also 2x
+    # A rule that compares with the prediction (already scaled by the default 2.0) learns 1.0 here.
+    assert cost.forward_seconds(np.array([16]), 128)[0] == pytest.approx(2 * measured_16, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"overhead": float("nan")},
+        {"overhead": -1.0},
+        {"seconds": {"128": [1.0, float("inf")], "1024": [2.0, 3.0]}},
+    ],
+)
+def test_a_cost_state_with_non_finite_or_negative_values_is_rejected(bad):
+    state = {"sizes": [1, 2], "seconds": {"128": [1.0, 2.0], "1024": [2.0, 3.0]}, "overhead": 0.0} | bad
+    with pytest.raises(ValueError):
+        CostModel.from_state(json.loads(json.dumps(state)))
+
+
+def test_a_calibration_state_with_bad_totals_loads_nothing():
+    calibration = EdgeCalibration()
+    before = calibration.state()
+    good = EdgeCalibration()
+    good.accepted[:] = 3.0
+    good.tried[:] = 4.0
+    state = good.state() | {"expected_extra": -1.0}
+    with pytest.raises(ValueError):
+        calibration.load(state)
+    assert calibration.state() == before
+
+
+@pytest.mark.parametrize("randomized", [True, False])
+def test_chain_sampling_verifies_a_drafted_token_after_a_run_of_plain_steps(randomized):
+    # With randomised acceptance a cut node teaches nothing: without a look now and then, a low
+    # estimate would pin plain decoding forever. Greedy outcomes of cut nodes are known: no need.
+    sizer = TreeSizer(steep_cost(per_node=10.0), EdgeCalibration(), max_capacity=8)
+    chain = DraftTree.chain(np.arange(5, dtype=np.int32))
+    sizes = []
+    for _ in range(3 * (EXPLORE_AFTER + 1)):
+        choice = sizer.choose(chain, 128)
+        sizes.append(len(choice.keep))
+        forward = float(sizer.cost.measured_seconds(np.array([len(choice.keep)]), 128)[0])  # as predicted
+        sizer.observe(chain, choice, [0], 99, randomized, context=128, forward=forward, step=forward, committed=1)
+    expected = ([1] * EXPLORE_AFTER + [2]) * 3 if randomized else [1] * (3 * (EXPLORE_AFTER + 1))
+    assert sizes == expected
+
+
 # --- the engine ----------------------------------------------------------------------------
 
 METHODS = ["ar", "pld", "token_recycling", "racer", "racer_scored", "racer_retrieval", "racer_logits"]
@@ -328,6 +380,7 @@ def test_auto_reports_sizes_predictions_and_the_cost_curve(forced_cost):
     assert report["observed_tokens_per_step"] == pytest.approx(np.mean(result.accepted_lengths[: report["steps"]]))
     assert report["predicted_tokens_per_step"] >= 1.0
     assert set(report["cost_curve_ms"]) == {1, 2, 4, 8, 16, 32, 64}
+    assert 0.0 <= report["setup_s"] <= result.timings["total"]
     assert result.extras["mean_tree_size"] <= 16
 
 
@@ -337,6 +390,9 @@ def test_bad_capacity_values_are_clear_errors():
         racer_rs.generate(model, [1, 2, 3], capacity="automatic")
     with pytest.raises(ValueError, match="max_capacity must be >= 1"):
         racer_rs.generate(model, [1, 2, 3], capacity="auto", max_capacity=0)
+    window = model.config.max_position_embeddings
+    with pytest.raises(ValueError, match="max_capacity .* must be below the model's window"):
+        racer_rs.generate(model, [1, 2, 3], capacity="auto", max_capacity=window)
 
 
 def test_cost_curve_is_measured_once_and_cached_on_disk(monkeypatch, tmp_path):
@@ -353,10 +409,12 @@ def test_cost_curve_is_measured_once_and_cached_on_disk(monkeypatch, tmp_path):
     monkeypatch.setattr(tree_size, "_costs", {})  # a new process: read from disk, not measured
     racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=8, capacity="auto", max_capacity=8)
     assert measured == [8]
-    files[0].write_text("{half-written", encoding="utf-8")  # a damaged file is measured again
-    monkeypatch.setattr(tree_size, "_costs", {})
-    racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=8, capacity="auto", max_capacity=8)
-    assert measured == [8, 8]
+    for damaged in ("{half-written", json.dumps({"format": tree_size.STATE_FORMAT})):  # measured again
+        files[0].write_text(damaged, encoding="utf-8")
+        monkeypatch.setattr(tree_size, "_costs", {})
+        racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=8, capacity="auto", max_capacity=8)
+    assert measured == [8, 8, 8]
+    assert not list((tmp_path / "tree_size" / "cost").glob(".*"))  # no temporary file left behind
 
 
 def test_calibration_warm_starts_the_next_request(forced_cost):

@@ -14,7 +14,9 @@ Outcomes are observed for every child of an accepted node in the drafter's FULL 
 the step verified it or a size choice cut it: the target's token after an accepted node is known
 (the next accepted token, or the bonus), and a child is accepted exactly when it carries that
 token. So cutting nodes never starves a cell of evidence. With draft probabilities (chain
-speculative sampling) acceptance is randomised, and only verified nodes are observed.
+speculative sampling) acceptance is randomised, and only verified nodes are observed; the size
+choice then verifies a drafted token now and then even when plain decoding looks best
+(:data:`racer_rs.tree_size.EXPLORE_AFTER`), or a low estimate could never be corrected.
 
 Per-cell estimates are noisy, and a size choice keeps the nodes whose estimates came out high,
 so summed path probabilities overstate what a chosen tree commits (and products along a path
@@ -111,7 +113,8 @@ class EdgeCalibration:
         """Warm-start from :meth:`state`, scaling each cell down to at most ``cap`` observations.
 
         Raises:
-            ValueError: the state does not hold one count per cell.
+            ValueError: the state does not hold one count per cell, or invalid counts or totals
+                (nothing is loaded then).
         """
         accepted = np.asarray(state["accepted"], dtype=np.float64)
         tried = np.asarray(state["tried"], dtype=np.float64)
@@ -119,11 +122,11 @@ class EdgeCalibration:
             raise ValueError(f"calibration state must hold {EDGE_CELLS} counts per field")
         if not (np.all(np.isfinite(tried)) and np.all(tried >= 0) and np.all((accepted >= 0) & (accepted <= tried))):
             raise ValueError("calibration state holds invalid counts")
-        scale = np.minimum(1.0, cap / np.maximum(tried, 1e-9))
-        self.accepted, self.tried = accepted * scale, tried * scale
         expected, committed = float(state.get("expected_extra", 0.0)), float(state.get("committed_extra", 0.0))
         if not (np.isfinite(expected) and np.isfinite(committed) and expected >= 0 and committed >= 0):
             raise ValueError("calibration state holds invalid totals")
+        scale = np.minimum(1.0, cap / np.maximum(tried, 1e-9))
+        self.accepted, self.tried = accepted * scale, tried * scale
         shrink = min(1.0, SCALE_WARM_START_CAP / max(expected, 1e-9))
         self.expected_extra, self.committed_extra = expected * shrink, committed * shrink
 

@@ -128,16 +128,24 @@ class CostModel:
         """The largest measured tree size."""
         return int(self.sizes[-1])
 
-    def forward_seconds(self, n: np.ndarray, context: int) -> np.ndarray:
-        """Predicted forward seconds for tree sizes ``n`` at ``context`` tokens."""
+    def measured_seconds(self, n: np.ndarray, context: int) -> np.ndarray:
+        """Forward seconds for tree sizes ``n`` at ``context`` tokens on the measured curve alone."""
         n = np.asarray(n, dtype=np.float64)
         short = np.interp(n, self.sizes, self.curve_short)
         long = np.interp(n, self.sizes, self.curve_long)
         weight = (context - self.short) / (self.long - self.short)
-        base = np.maximum(short + weight * (long - short), 1e-6)
+        return np.maximum(short + weight * (long - short), 1e-6)
+
+    def forward_seconds(self, n: np.ndarray, context: int) -> np.ndarray:
+        """Predicted forward seconds for tree sizes ``n`` at ``context`` tokens.
+
+        The measured curve times each size bucket's correction factor; a bucket not observed yet
+        takes the mean factor of those that were (the machine's load moves every size alike).
+        """
+        n = np.asarray(n, dtype=np.float64)
         default = float(np.mean(list(self.factors.values()))) if self.factors else 1.0
         factor = np.asarray([self.factors.get(_bucket(int(k)), default) for k in n.ravel()]).reshape(n.shape)
-        return base * factor
+        return self.measured_seconds(n, context) * factor
 
     def step_seconds(self, n: np.ndarray, context: int) -> np.ndarray:
         """Predicted seconds of a whole decode step verifying ``n`` tree tokens."""
@@ -146,8 +154,7 @@ class CostModel:
     def observe(self, n: int, context: int, forward: float, overhead: float) -> None:
         """Correct the model with one step's measured forward and outside-forward seconds."""
         bucket = _bucket(n)
-        predicted = float(self.forward_seconds(np.asarray([n]), context)[0]) / self.factors.get(bucket, 1.0)
-        ratio = forward / predicted
+        ratio = forward / float(self.measured_seconds(np.asarray([n]), context)[0])
         old = self.factors.get(bucket)
         self.factors[bucket] = ratio if old is None else (1 - CORRECTION_RATE) * old + CORRECTION_RATE * ratio
         self.overhead = (1 - CORRECTION_RATE) * self.overhead + CORRECTION_RATE * max(overhead, 0.0)
@@ -173,7 +180,12 @@ class CostModel:
             factors = {int(k): float(v) for k, v in state.get("factors", {}).items()}
             if not all(np.isfinite(v) and v > 0 for v in factors.values()):
                 raise ValueError("correction factors must be positive")
-            return cls(state["sizes"], seconds, factors, float(state.get("overhead", 0.0)))
+            overhead = float(state.get("overhead", 0.0))
+            if not (np.isfinite(overhead) and overhead >= 0):
+                raise ValueError("the overhead must be finite and non-negative")
+            if not all(np.isfinite(x) for curve in seconds.values() for x in curve):
+                raise ValueError("measured seconds must be finite")
+            return cls(state["sizes"], seconds, factors, overhead)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed cost state: {exc}") from None
 

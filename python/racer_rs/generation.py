@@ -464,7 +464,9 @@ def generate(
             step verifies the tree prefix with the most expected tokens per second, from the
             target's measured forward cost on its device and the drafted nodes' calibrated
             acceptance probabilities (:mod:`racer_rs.tree_size`; at most ``max_capacity``
-            nodes). Its per-request statistics are in ``extras["auto_capacity"]``.
+            nodes). Its per-request statistics are in ``extras["auto_capacity"]``; the first
+            request for a model, device, dtype and thread count also measures the cost curve
+            (a few seconds, ``setup_s`` there; cached on disk afterwards).
         max_capacity: the largest tree ``capacity="auto"`` may verify.
         seed: seeds a private random generator (``None``: torch's global RNG); for a seed,
             every method without draft probabilities samples the same text.
@@ -506,6 +508,9 @@ def generate(
             f"input_ids ({len(prompt)} tokens) plus max_new_tokens ({max_new_tokens}) exceed the model's "
             f"window of {window} positions"
         )
+    if auto and window is not None and max_capacity >= window:
+        # The cost curve is measured with trees of up to max_capacity tokens after a context.
+        raise ValueError(f"max_capacity ({max_capacity}) must be below the model's window of {window} positions")
     if drafter is None:
         drafter = make_drafter(method, model, **method_options)
     elif not isinstance(drafter, Drafter):
@@ -516,9 +521,11 @@ def generate(
     generator = None
     if seed is not None:
         generator = torch.Generator(device=verifier.device).manual_seed(seed)
-    sizer, calibration_key = None, ""
+    sizer, calibration_key, setup_seconds = None, "", 0.0
     if auto:
+        setup_start = time.perf_counter()
         sizer, calibration_key = _auto_sizer(model, drafter.name, sampling.greedy, max_capacity)
+        setup_seconds = time.perf_counter() - setup_start
     drafter.edge_calibration = None
     adapted = _Streamer(streamer, prompt) if streamer is not None else None
     limit = max_capacity if auto else int(capacity)
@@ -540,7 +547,8 @@ def generate(
 
         tree_size.save_calibration(calibration_key, sizer.calibration)
         tree_size.save_cost_model(model, sizer.cost)
-        extras["auto_capacity"] = sizer.report(state.length)
+        # setup_s: the cost curve's measurement on first use (part of timings["total"]).
+        extras["auto_capacity"] = sizer.report(state.length) | {"setup_s": setup_seconds}
     return GenerationResult(
         tokens=state.context[state.prompt_length : state.length].tolist(),
         accepted_lengths=state.accepted_lengths,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import platform
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +31,15 @@ import numpy as np
 
 from racer_rs._native import DraftTree
 from racer_rs.acceptance_model import EdgeCalibration, path_probabilities
+from racer_rs.atomic_files import write_text_atomically
 from racer_rs.forward_cost import CostModel, measure_cost_model
 
 #: Cached-state format; files of another format are measured again.
 STATE_FORMAT = 1
+#: With chain speculative sampling only verified nodes are evidence: after this many plain
+#: decoding steps in a row, one step verifies the best drafted token anyway (at most one in
+#: EXPLORE_AFTER + 1 steps costs a 2-token forward), so that a low estimate can recover.
+EXPLORE_AFTER = 8
 
 
 def best_prefix_size(probabilities: np.ndarray, step_seconds: np.ndarray) -> int:
@@ -101,6 +106,7 @@ class TreeSizer:
         self.sizes: Counter[int] = Counter()
         self.predicted: list[float] = []
         self.observed: list[int] = []
+        self.unverified_steps = 0  # plain steps in a row that gave a randomised calibration nothing
 
     def edge_probabilities(self) -> np.ndarray:
         """The calibrated probability of every edge cell (for drafters that build by it)."""
@@ -121,6 +127,8 @@ class TreeSizer:
         limit = min(len(tree), self.max_capacity)
         steps = self.cost.step_seconds(np.arange(1, limit + 1), context)
         n = best_prefix_size(corrected, steps)
+        if n == 1 and limit > 1 and self.unverified_steps >= EXPLORE_AFTER:
+            n = 2
         return SizeChoice(np.sort(order[:n]), 1.0 + float(corrected[: n - 1].sum()), float(probabilities[order[1:n]].sum()))
 
     def observe(
@@ -149,6 +157,7 @@ class TreeSizer:
         accepted = keep[np.asarray(path, dtype=np.int64)]
         if randomized:
             self.calibration.observe_verified(subtree(full, keep), np.asarray(path))
+            self.unverified_steps = self.unverified_steps + 1 if len(keep) == 1 and len(full) > 1 else 0
         else:
             self.calibration.observe_step(full, accepted, bonus)
         self.calibration.record_step(choice.uncorrected_extra, len(path) - 1)
@@ -207,20 +216,39 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Write atomically (temporary file, then rename); a failure only loses the cache."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            json.dump({"format": STATE_FORMAT, **data}, file)
-        os.replace(temporary, path)
+        write_text_atomically(path, json.dumps({"format": STATE_FORMAT, **data}))
     except OSError:
         pass
 
 
 def cost_key(model: Any) -> str:
-    """Key of a cost curve: model, device, dtype and torch's thread count."""
+    """Key of a cost curve: model, device (its kind and the hardware), dtype and torch's thread count."""
     import torch
 
     parameter = next(model.parameters())
-    return f"{model_key(model)}-{parameter.device.type}-{str(parameter.dtype).removeprefix('torch.')}-{torch.get_num_threads()}t"
+    device = parameter.device
+    dtype = str(parameter.dtype).removeprefix("torch.")
+    return f"{model_key(model)}-{device.type}-{_hardware_id(device)}-{dtype}-{torch.get_num_threads()}t"
+
+
+def _hardware_id(device: Any) -> str:
+    """A short digest of the processor a curve is measured on: a cache folder may be shared by
+    machines (a network home), and a curve's shape is the hardware's."""
+    import torch
+
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"{platform.machine()}-{platform.processor()}-{_cpu_model()}-{os.cpu_count()}"
+    return hashlib.sha256(name.encode()).hexdigest()[:8]
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
 def cost_model(model: Any, max_capacity: int) -> CostModel:
@@ -231,7 +259,7 @@ def cost_model(model: Any, max_capacity: int) -> CostModel:
         state = _read_json(_state_dir("cost") / f"{key}.json")
         try:
             cached = CostModel.from_state(state["cost"]) if state else None
-        except ValueError:
+        except (KeyError, ValueError):
             cached = None
     if cached is None or cached.max_size < max_capacity:
         cached = measure_cost_model(model, max_capacity)

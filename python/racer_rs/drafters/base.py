@@ -149,17 +149,32 @@ class Drafter(ABC):
         needs_logits: if true, ``StepOutcome.node_logits`` carries the tree's target logits.
         needs_topk_probs: if true, the top-k ids come with their probabilities
             (``RequestStart.prompt_topk_probs``, ``StepOutcome.topk_probs``).
-        edge_calibration: with ``capacity="auto"``, the engine sets this before every
-            ``propose`` to the calibrated acceptance probability of each edge cell
-            (``float32[EDGE_CELLS]``, see :mod:`racer_rs.acceptance_model`); a drafter that
-            grows its tree by estimated probability should grow it by these. ``None`` otherwise.
     """
 
     name: str = "drafter"
     needs_topk: int = 0
     needs_logits: bool = False
     needs_topk_probs: bool = False
-    edge_calibration: np.ndarray | None = None
+
+    @property
+    def edge_calibration(self) -> np.ndarray | None:
+        """With ``capacity="auto"``, the calibrated acceptance probability of each edge cell
+        (``float32[EDGE_CELLS]``, see :mod:`racer_rs.acceptance_model`), set by the engine before
+        every ``propose``; a drafter that grows its tree by estimated probability should grow it
+        by these. ``None`` otherwise. Kept per thread: concurrent requests sharing a drafter
+        each see their own."""
+        return getattr(self._per_thread(), "edge_calibration", None)
+
+    @edge_calibration.setter
+    def edge_calibration(self, value: np.ndarray | None) -> None:
+        self._per_thread().edge_calibration = value
+
+    def _per_thread(self) -> threading.local:
+        # Created on first use: subclasses need not call a base __init__.
+        state = self.__dict__.get("_thread_state")
+        if state is None:
+            state = self.__dict__.setdefault("_thread_state", threading.local())
+        return state
 
     def begin(self, request: RequestStart) -> None:  # noqa: B027 - optional hook
         """Start a new request."""
