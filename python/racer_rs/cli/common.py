@@ -114,7 +114,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_threads: int = 
         choices=("auto", *DTYPES),
         default="auto",
         help="model dtype; auto: bfloat16 where the hardware computes it natively (a CUDA GPU that "
-        "supports it, a CPU with AVX-512 BF16 or AMX), else float32 (default: auto)",
+        "supports it, a CPU with AVX-512 BF16 or AMX), float16 on an older CUDA GPU, else float32 "
+        "(default: auto)",
     )
     parser.add_argument("--device", default="auto", help="torch device, or auto (default: auto)")
     parser.add_argument(

@@ -8,6 +8,7 @@ from typing import Any
 
 from racer_rs.cli import common
 from racer_rs.cli.errors import CLIError, one_line
+from racer_rs.cli.loading import DTYPES
 
 DESCRIPTION = """\
 Make a draft model for a target that has none: the target's first --layers decoder layers (its
@@ -42,7 +43,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--lr", type=positive_float, default=3e-4, help="Adam learning rate")
     parser.add_argument("--seed", type=common.non_negative_int, default=0)
     parser.add_argument("--model", help="target model (default: smollm2-135m-instruct)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="float32", help="of the target and the trained draft (default: float32)"
+    )
     parser.add_argument("--device", default="auto", help="torch device, or auto (default: auto)")
     parser.add_argument("--threads", type=common.non_negative_int, default=0, help="torch CPU threads, 0 = torch's choice")
     parser.set_defaults(run=run)

@@ -58,7 +58,8 @@ def cpu_has_native_bfloat16() -> bool:
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """Map ``"auto"`` to bfloat16 where the device computes it natively, else float32."""
+    """Map ``"auto"`` to bfloat16 where the device computes it natively (a CUDA GPU that supports
+    it, a CPU with AVX-512 BF16 or AMX), float16 on an older CUDA GPU, else float32."""
     if dtype != "auto":
         return dtype
     if device.startswith("cuda"):

@@ -99,8 +99,10 @@ class DraftModelDrafter(Drafter):
         """Drop the draft's cache (unless it belongs to a request in another thread)."""
         if self._held_elsewhere():
             return
-        self._reset_cache()
-        self._release()
+        try:
+            self._reset_cache()
+        finally:
+            self._release()
 
     # --- drafting ------------------------------------------------------------------------------
 
