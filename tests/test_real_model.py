@@ -81,6 +81,21 @@ def test_every_method_equals_plain_greedy_decoding(smollm2, prompts, plain, meth
         assert sum(result.accepted_lengths) == len(result.tokens)
 
 
+@pytest.mark.parametrize("method", ("racer", "racer_scored"))
+def test_auto_capacity_equals_plain_greedy_decoding(smollm2, prompts, plain, method):
+    # capacity="auto" measures this model's forward cost and cuts trees by calibrated scores;
+    # whatever size it picks, the output must stay plain greedy decoding.
+    model, tokenizer = smollm2
+    for name, ids in prompts.items():
+        result = racer_rs.generate(
+            model, ids, method=method, max_new_tokens=NEW_TOKENS, eos_token_id=tokenizer.eos_token_id,
+            capacity="auto", max_capacity=16,
+        )
+        assert result.tokens == plain[name], (method, name)
+        sizes = result.extras["auto_capacity"]["chosen_sizes"]
+        assert sizes and max(sizes) <= 16, sizes
+
+
 @pytest.mark.parametrize("method", PEERS)
 def test_transformers_peers_equal_plain_greedy_decoding(smollm2, prompts, plain, method):
     model, tokenizer = smollm2
