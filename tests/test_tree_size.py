@@ -290,6 +290,15 @@ def test_a_calibration_state_with_bad_totals_loads_nothing():
     assert calibration.state() == before
 
 
+def test_a_noisy_correction_never_makes_a_bigger_tree_cheaper_than_a_smaller_one():
+    cost = steep_cost(per_node=1.0)
+    cost.factors = {0: 1.0, 6: 0.001}  # one disturbed 64-node step learned an absurdly low factor
+    sizer = TreeSizer(cost, EdgeCalibration(), max_capacity=64)
+    chain = DraftTree.chain(np.arange(64, dtype=np.int32))
+    # Without the envelope t(64) would be 0.064 s against t(1) = 1 s and the whole chain would win.
+    assert len(sizer.choose(chain, 128).keep) < 64
+
+
 @pytest.mark.parametrize("randomized", [True, False])
 def test_chain_sampling_verifies_a_drafted_token_after_a_run_of_plain_steps(randomized):
     # With randomised acceptance a cut node teaches nothing: without a look now and then, a low

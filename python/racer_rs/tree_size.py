@@ -125,7 +125,8 @@ class TreeSizer:
         scale = self.calibration.extra_scale()  # one factor for all: the ranking stays the same
         corrected = np.minimum(probabilities[order[1:]] * scale, 1.0)
         limit = min(len(tree), self.max_capacity)
-        steps = self.cost.step_seconds(np.arange(1, limit + 1), context)
+        # Per-size corrections are learned from noisy steps; a bigger tree never costs less.
+        steps = np.maximum.accumulate(self.cost.step_seconds(np.arange(1, limit + 1), context))
         n = best_prefix_size(corrected, steps)
         if n == 1 and limit > 1 and self.unverified_steps >= EXPLORE_AFTER:
             n = 2
