@@ -7,10 +7,12 @@ top-2 logits of a position can swap when they are nearly tied.
 A logit is a dot product of the last hidden state with an embedding row, so its rounding error
 scales with the size of the whole logit row, not with the logit itself (a logit near zero is as
 uncertain as any other). The unit here is therefore the ulp of the row's largest magnitude.
-Measured on SmolLM2-135M-Instruct (``benches/bench_dtype.py``), the top-2 gap of the same position
-moves by at most 4 such ulps between a one-token forward and a 16-node tree forward, in both half
-types. A divergence is explained by rounding when the reference's gap between the two tokens is
-within :data:`NEAR_TIE_ULPS` of them: twice that measured maximum.
+Measured on SmolLM2-135M-Instruct (``python benches/bench_dtype.py --limit 1 --max-new-tokens 128
+--threads 2``, 240 positions), the top-2 gap of the same position moves by at most 2 such ulps
+between a one-token forward and a 16-node tree forward, in both half types. A divergence is
+explained by rounding when the reference's gap between the two tokens is within
+:data:`NEAR_TIE_ULPS` of them: four times that measured maximum, a margin for other prompts and
+models.
 """
 
 from __future__ import annotations
