@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 import racer_rs
-from racer_rs.cli.data import load_questions
-from racer_rs.cli.prompting import encode_conversation
+from racer_rs.bench.prompts import load_questions
+from racer_rs.bench.prompting import encode_conversation
 
 
 def main() -> None:

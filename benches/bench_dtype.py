@@ -5,7 +5,7 @@ Three measurements on the same model:
 1. rounding noise: at ``--noise-positions`` decode positions, the top-2 logit gap of the same
    position computed by a one-token forward and by a 16-node tree forward (the two paths the
    engine mixes), in each half dtype; its largest change in ulps of the logit row's largest
-   magnitude backs ``racer_rs.precision.NEAR_TIE_ULPS``;
+   magnitude backs ``racer_rs.bench.precision.NEAR_TIE_ULPS``;
 2. speed: greedy decoding with every method in float32 and bfloat16, for each thread count,
    interleaved per question (dtype and method order rotate), tokens/s and the bf16/fp32 ratio;
 3. divergence: every bfloat16 method's greedy output against bfloat16 ``ar``; at each first
@@ -28,12 +28,12 @@ import numpy as np
 import torch
 
 import racer_rs
-from racer_rs.cli.data import load_benchmark
-from racer_rs.cli.prompting import encode_conversation
-from racer_rs.forward_cost import synthetic_tree
-from racer_rs.model_loading import load_model
-from racer_rs.precision import divergence_gap, ulp
-from racer_rs.verify import TreeVerifier
+from racer_rs.bench.prompts import load_benchmark
+from racer_rs.bench.prompting import encode_conversation
+from racer_rs.autosize.cost_model import synthetic_tree
+from racer_rs.loading.models import load_model
+from racer_rs.bench.precision import divergence_gap, ulp
+from racer_rs.engine.verifier import TreeVerifier
 
 REPO_DATA = "data/spec_bench.jsonl"
 

@@ -17,8 +17,8 @@ import sys
 
 import torch
 
-from racer_rs.forward_cost import DEFAULT_SIZES, measure_forward_cost
-from racer_rs.model_loading import load_model
+from racer_rs.autosize.cost_model import DEFAULT_SIZES, measure_forward_cost
+from racer_rs.loading.models import load_model
 
 
 def main() -> None:

@@ -46,8 +46,8 @@ import numpy as np
 import torch
 
 import racer_rs
-from racer_rs.cli.data import load_questions
-from racer_rs.cli.prompting import encode_conversation
+from racer_rs.bench.prompts import load_questions
+from racer_rs.bench.prompting import encode_conversation
 
 from position_buckets import BUCKET, acceptance_by_bucket, plot_acceptance, tts_update_summary
 
@@ -89,7 +89,7 @@ def method_table(args: argparse.Namespace) -> dict[str, tuple[str, str | None, d
 
 def build_drafts(target: Any, checkpoint: Path, needed: set[str]) -> dict[str, Any]:
     """The drafts the selected methods use (built once, shared by every prompt)."""
-    from racer_rs.self_draft_model import self_draft
+    from racer_rs.selfdraft.model import self_draft
 
     distilled = racer_rs.load_self_draft(target, checkpoint)
     kept = getattr(distilled.lm_head, "kept_ids", None)

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import racer_rs.generation  # noqa: E402
+import racer_rs.engine.generation  # noqa: E402
 from racer_rs.cli import main  # noqa: E402
 from tests.cli_models import write_tiny_model  # noqa: E402
 
@@ -196,7 +196,7 @@ def test_multi_turn_questions_feed_back_the_models_own_answer(tiny_model, data_f
 
 def install_wrong_pld(monkeypatch: pytest.MonkeyPatch) -> None:
     """Swap in a deliberately wrong engine: pld changes its third token."""
-    real_generate = racer_rs.generation.generate
+    real_generate = racer_rs.engine.generation.generate
 
     def lossy_generate(*args: Any, **kwargs: Any) -> Any:
         result = real_generate(*args, **kwargs)
@@ -204,7 +204,7 @@ def install_wrong_pld(monkeypatch: pytest.MonkeyPatch) -> None:
             result.tokens[2] = (result.tokens[2] + 1) % 257
         return result
 
-    monkeypatch.setattr(racer_rs.generation, "generate", lossy_generate)
+    monkeypatch.setattr(racer_rs.engine.generation, "generate", lossy_generate)
 
 
 def test_greedy_mismatch_is_flagged_and_exits_non_zero(tiny_model, tmp_path, capsys, monkeypatch):
@@ -385,7 +385,7 @@ def test_transformers_peers_run_in_the_same_benchmark(tiny_model, data_file, tmp
 
 
 def test_peer_step_lengths_come_from_the_cache_length_at_each_forward():
-    from racer_rs.hf_peers import accepted_lengths
+    from racer_rs.bench.hf_peers import accepted_lengths
 
     # Prompt of 5, plain decoding of 4 tokens: prefill, then 3 decode forwards, then the last token.
     assert accepted_lengths([0, 5, 6, 7], prompt_length=5, new_tokens=4) == [1, 1, 1, 1]
@@ -406,7 +406,7 @@ def test_peers_reject_method_options_and_need_a_draft_for_assisted(tiny_model, d
 
 
 def _record(method: str, tokens: list[int], prompt: list[int], turn: int = 0) -> Any:
-    from racer_rs.cli.runner import Record
+    from racer_rs.bench.runner import Record
 
     return Record(
         setting="greedy", question_index=0, question_id=0, category="c", source="s", turn=turn,
@@ -419,8 +419,8 @@ def _record(method: str, tokens: list[int], prompt: list[int], turn: int = 0) ->
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_mismatches_are_near_ties_only_within_rounding(dtype):
-    from racer_rs.cli.report import mismatched_records
-    from racer_rs.cli.runner import _check_against_ar
+    from racer_rs.bench.report import mismatched_records
+    from racer_rs.bench.runner import _check_against_ar
     from tests.tiny_models import plain_greedy, tiny_model
 
     model = tiny_model("llama", seed=3)
@@ -451,7 +451,7 @@ def test_half_precision_mismatches_are_near_ties_only_within_rounding(dtype):
 
 
 def test_a_later_turn_after_a_differing_answer_is_not_compared():
-    from racer_rs.cli.runner import _check_against_ar
+    from racer_rs.bench.runner import _check_against_ar
     from tests.tiny_models import tiny_model
 
     model = tiny_model("llama")

@@ -1,6 +1,6 @@
 """Chain speculative sampling keeps the target distribution at every drafted depth.
 
-:func:`racer_rs.sampling.chain_speculative_sample` is run the way the decode loop runs it: a
+:func:`racer_rs.engine.sampling.chain_speculative_sample` is run the way the decode loop runs it: a
 chain of ``DEPTH`` tokens is drafted from a draft model ``q``, the target scores the chain, the
 rule accepts a prefix and emits one more token, and positions the step did not reach are
 filled by plain sampling (what the following steps do). The target and the draft are bigram
@@ -36,11 +36,12 @@ torch = pytest.importorskip("torch")
 
 pytest.importorskip("transformers")
 
-from racer_rs import DraftTree, generation  # noqa: E402
+from racer_rs import DraftTree  # noqa: E402
+from racer_rs.engine import generation  # noqa: E402
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart  # noqa: E402
-from racer_rs.generation import DecodeLoop, DecodeState, Verification  # noqa: E402
-from racer_rs.sampling import SamplingConfig, _inverse_cdf, chain_speculative_sample, process_logits  # noqa: E402
-from racer_rs.verify import TreeVerifier  # noqa: E402
+from racer_rs.engine.generation import DecodeLoop, DecodeState, Verification  # noqa: E402
+from racer_rs.engine.sampling import SamplingConfig, _inverse_cdf, chain_speculative_sample, process_logits  # noqa: E402
+from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
 from tests.stats import chi_square_pvalue  # noqa: E402
 from tests.tiny_models import tiny_model  # noqa: E402
 

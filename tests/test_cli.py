@@ -20,9 +20,9 @@ transformers = pytest.importorskip("transformers")
 
 from racer_rs.cli import main  # noqa: E402
 from tests.cli_models import write_tiny_model  # noqa: E402
-from racer_rs.cli.data import MULTI_TURN_CATEGORY, load_benchmark, load_questions  # noqa: E402
+from racer_rs.bench.prompts import MULTI_TURN_CATEGORY, load_benchmark, load_questions  # noqa: E402
 from racer_rs.cli.errors import CLIError  # noqa: E402
-from racer_rs.cli.prompting import encode_conversation  # noqa: E402
+from racer_rs.bench.prompting import encode_conversation  # noqa: E402
 from racer_rs.cli.resources import resolve_shipped  # noqa: E402
 from racer_rs.cli.streaming import DRAFTED_STYLE, RESET_STYLE, TerminalStreamer  # noqa: E402
 
@@ -277,7 +277,7 @@ def test_conversation_without_chat_template_joins_turns_and_answers(tokenizer):
 
 
 def test_shipped_defaults_resolve_from_cwd_then_repository(tmp_path, monkeypatch):
-    from racer_rs import model_loading
+    from racer_rs.loading import models as model_loading
 
     checkout = Path(__file__).resolve().parents[1]
     # An installed wheel has no checkout around it; the tests stand in for an editable install.

@@ -150,7 +150,7 @@ def test_broken_checkpoints_are_one_line_errors(tiny_model, checkpoint, tmp_path
 
 
 def test_distill_draft_resumes_after_an_interruption(tiny_model, data_file, tmp_path, capsys, monkeypatch) -> None:
-    from racer_rs.distillation import run as distill_run
+    from racer_rs.selfdraft.distillation import run as distill_run
 
     real = distill_run.save_shard
     calls = {"n": 0}

@@ -19,9 +19,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from racer_rs.distillation import DistillError, DistillSettings, distill_self_draft  # noqa: E402
-from racer_rs.distillation.data import generate_shard  # noqa: E402
-from racer_rs.distillation.training import (  # noqa: E402
+from racer_rs.selfdraft.distillation import DistillError, DistillSettings, distill_self_draft  # noqa: E402
+from racer_rs.selfdraft.distillation.data import generate_shard  # noqa: E402
+from racer_rs.selfdraft.distillation.training import (  # noqa: E402
     Batch,
     draft_columns,
     evaluate,
@@ -29,8 +29,8 @@ from racer_rs.distillation.training import (  # noqa: E402
     train_step,
     trainable_parameters,
 )
-from racer_rs.draft_checkpoint import DraftCheckpointError, load_self_draft, save_self_draft  # noqa: E402
-from racer_rs.self_draft_model import self_draft  # noqa: E402
+from racer_rs.selfdraft.checkpoint import DraftCheckpointError, load_self_draft, save_self_draft  # noqa: E402
+from racer_rs.selfdraft.model import self_draft  # noqa: E402
 from tests.test_self_draft import deep_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -178,7 +178,7 @@ def test_teacher_rows_line_up_with_the_drafts_positions(target) -> None:
     draft = self_draft(target, 4)
     batch = make_batch(samples, None, torch.device("cpu"), generated_only=True)
     shifted = Batch(batch.input_ids, (batch.rows[0], batch.rows[1] + 1), batch.teacher_ids, batch.teacher_logp)
-    from racer_rs.distillation.training import batch_kl, student_logits
+    from racer_rs.selfdraft.distillation.training import batch_kl, student_logits
 
     with torch.no_grad():
         kl, _, agree = batch_kl(student_logits(draft, shifted), shifted)
@@ -287,7 +287,7 @@ def test_an_interrupted_data_phase_resumes_without_regenerating_shards(target, t
 
 
 def test_an_interrupted_training_phase_resumes_from_its_saved_steps(target, tmp_path, monkeypatch) -> None:
-    from racer_rs.distillation import run as distill_run
+    from racer_rs.selfdraft.distillation import run as distill_run
 
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
@@ -379,7 +379,7 @@ def test_bad_prompts_and_targets_are_rejected(target, tmp_path) -> None:
 
 
 def test_reduced_vocabulary_takes_half_by_data_frequency_and_half_by_merge_order() -> None:
-    from racer_rs.distillation.data import frequent_tokens
+    from racer_rs.selfdraft.distillation.data import frequent_tokens
 
     mass = torch.zeros(20)
     mass[[15, 12, 19, 3]] = torch.tensor([5.0, 4.0, 3.0, 2.0])

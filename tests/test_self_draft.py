@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
 from racer_rs.drafters.draft_model import DraftModelDrafter  # noqa: E402
-from racer_rs.self_draft_model import ReducedHead, self_draft  # noqa: E402
+from racer_rs.selfdraft.model import ReducedHead, self_draft  # noqa: E402
 from tests.stats import pvalue_of_array  # noqa: E402
 from tests.tiny_models import plain_greedy, seeded_llama, tiny_model  # noqa: E402
 
@@ -213,7 +213,7 @@ def test_tts_keeps_sharing_the_targets_tensors_and_leaves_the_target_alone(targe
 
 
 def test_transformers_assisted_generation_accepts_a_reduced_self_draft(target) -> None:
-    from racer_rs.hf_peers import generate_with_transformers
+    from racer_rs.bench.hf_peers import generate_with_transformers
 
     draft = self_draft(target, 2, vocab=KEPT)
     for prompt in PROMPTS:
@@ -298,7 +298,7 @@ def test_forgetting_the_reduced_support_fails_the_same_sampling_test() -> None:
 
 def test_tts_loss_renormalises_the_teacher_over_a_reduced_vocabulary() -> None:
     # Without the restriction KL(p || q) is infinite: q is 0 outside the draft's vocabulary.
-    from racer_rs.tts.distill import distill_loss
+    from racer_rs.tts.online_loss import distill_loss
 
     generator = torch.Generator().manual_seed(0)
     student = torch.randn(3, 10, generator=generator, requires_grad=True)

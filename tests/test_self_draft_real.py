@@ -31,7 +31,7 @@ def test_a_reduced_self_draft_decodes_exactly_like_plain_greedy(smollm2, prompts
 
 
 def test_a_checkpoint_of_the_real_model_loads_back(smollm2, tmp_path):  # noqa: F811
-    from racer_rs.draft_checkpoint import save_self_draft
+    from racer_rs.selfdraft.checkpoint import save_self_draft
 
     model, _ = smollm2
     draft = racer_rs.self_draft(model, 2, vocab=KEPT)

@@ -18,11 +18,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
-from racer_rs import EDGE_CELLS, DraftTree, edge_cell_priors, tree_size  # noqa: E402
-from racer_rs.acceptance_model import PRIOR_WEIGHT, EdgeCalibration, path_probabilities  # noqa: E402
-from racer_rs.forward_cost import CostModel  # noqa: E402
-from racer_rs.sampling import SamplingConfig  # noqa: E402
-from racer_rs.tree_size import EXPLORE_AFTER, TreeSizer, best_first_order, best_prefix_size, subtree  # noqa: E402
+from racer_rs import EDGE_CELLS, DraftTree, edge_cell_priors  # noqa: E402
+from racer_rs.autosize import sizer as tree_size  # noqa: E402
+from racer_rs.autosize.calibration import PRIOR_WEIGHT, EdgeCalibration, path_probabilities  # noqa: E402
+from racer_rs.autosize.cost_model import CostModel  # noqa: E402
+from racer_rs.engine.sampling import SamplingConfig  # noqa: E402
+from racer_rs.autosize.sizer import EXPLORE_AFTER, TreeSizer, best_first_order, best_prefix_size, subtree  # noqa: E402
 from tests.tiny_models import REPEATING_PROMPT, plain_greedy, plain_sampling, seeded_llama, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch

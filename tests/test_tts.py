@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 import racer_rs  # noqa: E402
 from racer_rs.drafters.racer_tts import RacerTTSDrafter, chain_nodes  # noqa: E402
 from racer_rs.drafters.tts import TTSDrafter  # noqa: E402
-from racer_rs.tts.distill import (  # noqa: E402
+from racer_rs.tts.online_loss import (  # noqa: E402
     Canvas,
     DistillConfig,
     canvas_logits,
@@ -24,10 +24,10 @@ from racer_rs.tts.distill import (  # noqa: E402
     row_weights,
     trainable_parameter_names,
 )
-from racer_rs.tts.worker import THREAD_NAME_PREFIX, UpdateWorker  # noqa: E402
-from racer_rs import generation  # noqa: E402
-from racer_rs.generation import DecodeLoop  # noqa: E402
-from racer_rs.sampling import SamplingConfig, resample_node  # noqa: E402
+from racer_rs.tts.update_worker import THREAD_NAME_PREFIX, UpdateWorker  # noqa: E402
+from racer_rs.engine import generation  # noqa: E402
+from racer_rs.engine.generation import DecodeLoop  # noqa: E402
+from racer_rs.engine.sampling import SamplingConfig, resample_node  # noqa: E402
 from tests.tiny_models import plain_greedy, plain_sampling, seeded_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch

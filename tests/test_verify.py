@@ -12,9 +12,9 @@ from transformers import DynamicCache  # noqa: E402
 
 from racer_rs import DraftTree  # noqa: E402
 from racer_rs.drafters import make_drafter  # noqa: E402
-from racer_rs.generation import DecodeLoop  # noqa: E402
-from racer_rs.sampling import SamplingConfig  # noqa: E402
-from racer_rs.verify import TreeVerifier  # noqa: E402
+from racer_rs.engine.generation import DecodeLoop  # noqa: E402
+from racer_rs.engine.sampling import SamplingConfig  # noqa: E402
+from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
 from tests.tiny_models import FAMILIES, REPEATING_PROMPT, random_prompt, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch

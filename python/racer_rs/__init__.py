@@ -22,11 +22,11 @@ from racer_rs._native import (
 )
 
 if TYPE_CHECKING:
-    from racer_rs.distillation import DistillSettings, distill_self_draft
-    from racer_rs.draft_checkpoint import load_self_draft
-    from racer_rs.generation import GenerationResult, generate
-    from racer_rs.model_loading import load_model, resolve_model
-    from racer_rs.self_draft_model import self_draft
+    from racer_rs.selfdraft.distillation import DistillSettings, distill_self_draft
+    from racer_rs.selfdraft.checkpoint import load_self_draft
+    from racer_rs.engine.generation import GenerationResult, generate
+    from racer_rs.loading.models import load_model, resolve_model
+    from racer_rs.selfdraft.model import self_draft
 
 __all__ = [
     "EDGE_CELLS",
@@ -48,14 +48,14 @@ __all__ = [
 ]
 
 _LAZY = {
-    "generate": "racer_rs.generation",
-    "GenerationResult": "racer_rs.generation",
-    "load_model": "racer_rs.model_loading",
-    "resolve_model": "racer_rs.model_loading",
-    "self_draft": "racer_rs.self_draft_model",
-    "load_self_draft": "racer_rs.draft_checkpoint",
-    "distill_self_draft": "racer_rs.distillation",
-    "DistillSettings": "racer_rs.distillation",
+    "generate": "racer_rs.engine.generation",
+    "GenerationResult": "racer_rs.engine.generation",
+    "load_model": "racer_rs.loading.models",
+    "resolve_model": "racer_rs.loading.models",
+    "self_draft": "racer_rs.selfdraft.model",
+    "load_self_draft": "racer_rs.selfdraft.checkpoint",
+    "distill_self_draft": "racer_rs.selfdraft.distillation",
+    "DistillSettings": "racer_rs.selfdraft.distillation",
 }
 
 

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from racer_rs.cli import common
-from racer_rs.cli.data import load_benchmark
+from racer_rs.bench.prompts import load_benchmark
 from racer_rs.cli.errors import EXIT_MISMATCH, CLIError
 from racer_rs.cli.loading import eos_token_ids
 from racer_rs.cli.options import parse_options
-from racer_rs.cli.report import build_report, format_table, mismatched_records, summarise, write_json
+from racer_rs.bench.report import build_report, format_table, mismatched_records, summarise, write_json
 from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
-from racer_rs.cli.runner import PEERS, BenchConfig, BenchmarkRunner, Record, Setting, parse_capacity, split_label
+from racer_rs.bench.runner import PEERS, BenchConfig, BenchmarkRunner, Record, Setting, parse_capacity, split_label
 
 DEFAULT_METHODS = ("ar", "hf", "hf_pld", "pld", "token_recycling", "racer", "racer_scored", "racer_scored@auto")
 DEFAULT_LIMIT = 1
@@ -262,7 +262,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from racer_rs import drafters, generation
+    from racer_rs import drafters
+    from racer_rs.engine import generation
 
     data = (
         [str(p) for p in args.data]
@@ -312,7 +313,7 @@ def _run(args: argparse.Namespace) -> int:
     write_json(report, json_path)
     written = [json_path]
     if not args.no_plots:
-        from racer_rs.cli.plots import write_plots
+        from racer_rs.bench.plots import write_plots
 
         written += write_plots(summary, records, methods, config.max_new_tokens, out)
     print("wrote " + ", ".join(str(p) for p in written))

@@ -43,7 +43,7 @@ def positive_int(text: str) -> int:
 
 def capacity(text: str) -> int | str:
     """argparse type: a tree capacity (an integer >= 1) or ``auto``."""
-    from racer_rs.cli.runner import parse_capacity
+    from racer_rs.bench.runner import parse_capacity
 
     try:
         return parse_capacity(text)
@@ -175,7 +175,7 @@ def check_options(options: dict[str, Any], method: str) -> None:
 
 def require_extra(extra: str, purpose: str) -> None:
     """Raise CLIError naming the extra to install when one of its packages is missing."""
-    from racer_rs.extras import MissingDependencyError, require
+    from racer_rs.optional_deps import MissingDependencyError, require
 
     try:
         require(extra, purpose)

@@ -70,7 +70,7 @@ def share(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     """Run ``racer distill-draft``; return the exit code."""
     common.require_extra("hf", "racer distill-draft")
-    from racer_rs.distillation.run import check_output_folder
+    from racer_rs.selfdraft.distillation.run import check_output_folder
 
     try:
         check_output_folder(args.out)
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _prompt_files(args: argparse.Namespace) -> list[str]:
-    from racer_rs.cli.data import load_questions
+    from racer_rs.bench.prompts import load_questions
     from racer_rs.cli.resources import resolve_shipped
 
     files = args.data or [resolve_shipped(path, "--data") for path in DEFAULT_DATA]
@@ -94,7 +94,7 @@ def _prompt_files(args: argparse.Namespace) -> list[str]:
 def _run(args: argparse.Namespace, files: list[str]) -> int:
     from racer_rs.cli.loading import check_model, eos_token_ids, load_model, resolve_device
     from racer_rs.cli.resources import DEFAULT_TARGET_MODEL
-    from racer_rs.distillation import DistillSettings, distill_self_draft
+    from racer_rs.selfdraft.distillation import DistillSettings, distill_self_draft
 
     spec = args.model or DEFAULT_TARGET_MODEL
     check_model(spec, "--model")
@@ -147,8 +147,8 @@ def _run(args: argparse.Namespace, files: list[str]) -> int:
 
 
 def _encode_prompts(tokenizer: Any, files: list[str]) -> list[list[int]]:
-    from racer_rs.cli.data import load_questions
-    from racer_rs.cli.prompting import encode_conversation, encode_text
+    from racer_rs.bench.prompts import load_questions
+    from racer_rs.bench.prompting import encode_conversation, encode_text
 
     prompts = []
     for path in files:

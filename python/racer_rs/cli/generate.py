@@ -12,7 +12,7 @@ from racer_rs.cli import common
 from racer_rs.cli.errors import CLIError, one_line
 from racer_rs.cli.loading import eos_token_ids
 from racer_rs.cli.options import parse_options
-from racer_rs.cli.prompting import encode_conversation, encode_text, has_chat_template
+from racer_rs.bench.prompting import encode_conversation, encode_text, has_chat_template
 from racer_rs.cli.streaming import TerminalStreamer, use_color
 
 DESCRIPTION = """\
@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    from racer_rs import drafters, generation
+    from racer_rs import drafters
+    from racer_rs.engine import generation
 
     prompt = _read_prompt(args)
     common.check_methods([args.method])

@@ -1,6 +1,6 @@
 """Loading a model and its tokenizer for the command line, with one-line errors.
 
-Model specs are resolved by :mod:`racer_rs.model_loading` (short names, checkpoint folders,
+Model specs are resolved by :mod:`racer_rs.loading.models` (short names, checkpoint folders,
 ``.gguf`` files); this module turns its errors into :class:`CLIError`. torch and transformers are
 imported inside functions, so that ``racer --help`` and input validation stay fast.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from racer_rs.cli.errors import CLIError, one_line
-from racer_rs.extras import MissingDependencyError
-from racer_rs.model_loading import DTYPES, ModelSource, ModelSpecError
+from racer_rs.optional_deps import MissingDependencyError
+from racer_rs.loading.models import DTYPES, ModelSource, ModelSpecError
 
 __all__ = ["DTYPES", "check_model", "eos_token_ids", "load_model", "resolve_device", "resolve_dtype"]
 
@@ -22,7 +22,7 @@ def check_model(spec: str, what: str = "--model") -> ModelSource:
     Raises:
         CLIError: the spec names nothing loadable, or a package or extra is missing.
     """
-    from racer_rs import model_loading
+    from racer_rs.loading import models as model_loading
 
     try:
         source = model_loading.resolve_model(spec)
@@ -85,7 +85,8 @@ def load_model(spec: str, dtype: str, device: str, what: str = "--model") -> tup
 
     from transformers.utils import logging as hf_logging
 
-    from racer_rs import gguf_cache, model_loading
+    from racer_rs.loading import gguf_cache
+    from racer_rs.loading import models as model_loading
 
     source = check_model(spec, what)
     if source.kind == "gguf" and gguf_cache.cached_entry(source.location) is None:

@@ -10,7 +10,7 @@ location, which works for an editable install).
 from __future__ import annotations
 
 from racer_rs.cli.errors import CLIError
-from racer_rs.model_loading import repository_root, shipped_candidates
+from racer_rs.loading.models import repository_root, shipped_candidates
 
 __all__ = ["DEFAULT_BENCH_DATA", "DEFAULT_DRAFTS", "DEFAULT_TARGET_MODEL", "repository_root", "resolve_shipped"]
 

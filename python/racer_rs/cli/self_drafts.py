@@ -1,8 +1,8 @@
 """``--draft-model`` values that name a self-draft, built from the already-loaded target.
 
-* ``self:K``: the target's first K decoder layers, undistilled (:func:`racer_rs.self_draft_model.self_draft`);
+* ``self:K``: the target's first K decoder layers, undistilled (:func:`racer_rs.selfdraft.model.self_draft`);
 * a folder written by ``racer distill-draft``: the distilled self-draft it holds
-  (:func:`racer_rs.draft_checkpoint.load_self_draft`), checked against the target.
+  (:func:`racer_rs.selfdraft.checkpoint.load_self_draft`), checked against the target.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def build_self_draft(spec: str, target: Any) -> Any:
         CLIError: the layer count does not fit the target, the checkpoint is missing, incomplete,
             corrupt or made for another target, or the target is not a Llama-style model.
     """
-    from racer_rs.draft_checkpoint import load_self_draft
-    from racer_rs.self_draft_model import self_draft
+    from racer_rs.selfdraft.checkpoint import load_self_draft
+    from racer_rs.selfdraft.model import self_draft
 
     try:
         if spec.startswith(SELF_PREFIX):

@@ -1,7 +1,7 @@
 """The drafter interface: what the decode loop asks of every drafting method.
 
 A drafter proposes a draft tree rooted at the token the target just produced, and learns from
-the outcome of verifying it. The engine (:mod:`racer_rs.generation`) owns the model, the KV
+the outcome of verifying it. The engine (:mod:`racer_rs.engine.generation`) owns the model, the KV
 cache and acceptance; drafters only see token ids (numpy) and, when they ask for it, the
 target's top-k ids or logits.
 
@@ -159,7 +159,7 @@ class Drafter(ABC):
     @property
     def edge_calibration(self) -> np.ndarray | None:
         """With ``capacity="auto"``, the calibrated acceptance probability of each edge cell
-        (``float32[EDGE_CELLS]``, see :mod:`racer_rs.acceptance_model`), set by the engine before
+        (``float32[EDGE_CELLS]``, see :mod:`racer_rs.autosize.calibration`), set by the engine before
         every ``propose``; a drafter that grows its tree by estimated probability should grow it
         by these. ``None`` otherwise. Kept per thread: concurrent requests sharing a drafter
         each see their own."""

@@ -21,7 +21,7 @@ import torch
 
 from racer_rs._native import DraftTree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart
-from racer_rs.sampling import SamplingConfig, process_logits
+from racer_rs.engine.sampling import SamplingConfig, process_logits
 
 
 def check_draft_model(draft_model: Any) -> None:

@@ -2,7 +2,7 @@
 
 It drafts exactly like ``draft_model``. The target's verification pass already scores every
 drafted position, so every ``update_every`` (S) rounds the latest verified canvas becomes a
-training example and the draft takes one Adam step on the loss of :mod:`racer_rs.tts.distill`.
+training example and the draft takes one Adam step on the loss of :mod:`racer_rs.tts.online_loss`.
 
 Three copies of the draft take part, so the caller's model is never modified:
 
@@ -27,8 +27,8 @@ import torch
 
 from racer_rs.drafters.base import RequestStart, StepOutcome
 from racer_rs.drafters.draft_model import DraftModelDrafter, check_draft_model, check_positive_int
-from racer_rs.tts.distill import Canvas, DistillConfig, distill_step, make_optimizer, trainable_parameter_names
-from racer_rs.tts.worker import UpdateWorker
+from racer_rs.tts.online_loss import Canvas, DistillConfig, distill_step, make_optimizer, trainable_parameter_names
+from racer_rs.tts.update_worker import UpdateWorker
 
 
 def copy_sharing(draft: Any, target: Any) -> Any:

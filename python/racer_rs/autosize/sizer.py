@@ -1,13 +1,13 @@
 """``capacity="auto"``: each step verifies the tree prefix that maximises expected tokens per second.
 
 A drafter proposes its tree at the largest allowed size; every node gets a calibrated acceptance
-probability (:mod:`racer_rs.acceptance_model`), nodes are ranked best first (probability, then
+probability (:mod:`racer_rs.autosize.calibration`), nodes are ranked best first (probability, then
 depth, so every prefix is a connected tree: a child never outranks its parent), and the step
 keeps the ``n`` best that maximise
 
     (1 + sum of the kept drafted nodes' probabilities) / (t(n) + overhead)
 
-with ``t`` the forward cost model of the target on its device (:class:`racer_rs.forward_cost.
+with ``t`` the forward cost model of the target on its device (:class:`racer_rs.autosize.cost_model.
 CostModel`). ``n = 1`` is a plain decoding step, chosen when no draft pays for its verification.
 Only past outcomes and timings enter the choice, never the target's output for the step itself.
 
@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from racer_rs._native import DraftTree
-from racer_rs.acceptance_model import EdgeCalibration, path_probabilities
-from racer_rs.atomic_files import write_text_atomically
-from racer_rs.forward_cost import CostModel, measure_cost_model
+from racer_rs.autosize.calibration import EdgeCalibration, path_probabilities
+from racer_rs._io import write_text_atomically
+from racer_rs.autosize.cost_model import CostModel, measure_cost_model
 
 #: Cached-state format; files of another format are measured again.
 STATE_FORMAT = 1
@@ -200,7 +200,7 @@ def model_key(model: Any) -> str:
 
 
 def _state_dir(kind: str) -> Path:
-    from racer_rs.gguf_cache import cache_root
+    from racer_rs.loading.gguf_cache import cache_root
 
     return cache_root() / "tree_size" / kind
 

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from racer_rs.distillation.data import Sample
-from racer_rs.self_draft_model import ReducedHead
+from racer_rs.selfdraft.distillation.data import Sample
+from racer_rs.selfdraft.model import ReducedHead
 
 
 @dataclass(frozen=True)

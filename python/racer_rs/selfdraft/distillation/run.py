@@ -1,7 +1,7 @@
 """One offline distillation of a self-draft, within a time budget, resumable.
 
 The output folder holds the checkpoint (``manifest.json`` + weights, see
-:mod:`racer_rs.draft_checkpoint`) once the distillation is finished, and a ``work/`` folder with
+:mod:`racer_rs.selfdraft.checkpoint`) once the distillation is finished, and a ``work/`` folder with
 everything needed to resume:
 
 * ``plan.json``: the settings that must not change between runs, the target's architecture and a
@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from racer_rs.atomic_files import write_text_atomically
-from racer_rs.distillation.data import (
+from racer_rs._io import write_text_atomically
+from racer_rs.selfdraft.distillation.data import (
     Sample,
     Shard,
     frequent_tokens,
@@ -42,9 +42,9 @@ from racer_rs.distillation.data import (
     save_shard,
     token_mass,
 )
-from racer_rs.distillation.settings import DistillSettings
-from racer_rs.distillation.training import draft_columns, evaluate, make_batch, train_step, trainable_parameters
-from racer_rs.draft_checkpoint import (
+from racer_rs.selfdraft.distillation.settings import DistillSettings
+from racer_rs.selfdraft.distillation.training import draft_columns, evaluate, make_batch, train_step, trainable_parameters
+from racer_rs.selfdraft.checkpoint import (
     MANIFEST,
     PROBE_ATOL,
     PROBE_RTOL,
@@ -53,7 +53,7 @@ from racer_rs.draft_checkpoint import (
     target_architecture,
     target_probe,
 )
-from racer_rs.self_draft_model import check_self_draft_target, self_draft
+from racer_rs.selfdraft.model import check_self_draft_target, self_draft
 
 WORK = "work"
 Progress = Callable[[str], None]
@@ -69,7 +69,7 @@ class DistillResult:
 
     Attributes:
         checkpoint: the checkpoint folder (load it with ``--draft-model`` or
-            :func:`racer_rs.draft_checkpoint.load_self_draft`).
+            :func:`racer_rs.selfdraft.checkpoint.load_self_draft`).
         shards: generation batches made; samples: prompts continued; new_tokens: tokens generated.
         steps: optimiser steps taken.
         spent: seconds of the budget used (all runs).

@@ -8,7 +8,7 @@ A model spec is one of:
   shipped in the repository for tests);
 - a path to a transformers checkpoint folder;
 - a path to a ``.gguf`` file, converted once to float weights and cached
-  (:mod:`racer_rs.gguf_cache`);
+  (:mod:`racer_rs.loading.gguf_cache`);
 - anything else that looks like a hub id (``org/name``) is handed to transformers.
 
 :func:`resolve_model` checks a spec without importing torch (so a command fails before any work
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from racer_rs import extras
-from racer_rs.extras import MissingDependencyError
+from racer_rs import optional_deps
+from racer_rs.optional_deps import MissingDependencyError
 
 DTYPES = ("float32", "bfloat16", "float16")
 # "org/name" or "name": what a hub id looks like; anything else is treated as a local path.
@@ -79,8 +79,8 @@ class ModelSource:
 
 def repository_root() -> Path | None:
     """The repository root when racer_rs runs from a source checkout, else ``None``."""
-    # python/racer_rs/model_loading.py -> the checkout root is two folders above the package.
-    candidate = Path(__file__).resolve().parents[2]
+    # python/racer_rs/loading/models.py -> the checkout root is two folders above the package.
+    candidate = Path(__file__).resolve().parents[3]
     if (candidate / "pyproject.toml").is_file() and (candidate / "python" / "racer_rs").is_dir():
         return candidate
     return None
@@ -156,19 +156,19 @@ def check_dependencies(source: ModelSource) -> None:
 
     A GGUF file needs the ``gguf`` extra only for its first, converting load.
     """
-    extras.require("hf", "loading a model")
+    optional_deps.require("hf", "loading a model")
     if source.kind == "gguf":
-        from racer_rs import gguf_cache
+        from racer_rs.loading import gguf_cache
 
         if gguf_cache.cached_entry(source.location) is None:
-            extras.require("gguf", f"converting {Path(source.location).name} (first load of a .gguf file)")
+            optional_deps.require("gguf", f"converting {Path(source.location).name} (first load of a .gguf file)")
 
 
 def checkpoint_folder(source: ModelSource) -> str:
     """The folder or hub id transformers loads: a GGUF file's cached conversion (made once)."""
     if source.kind != "gguf":
         return source.location
-    from racer_rs import gguf_cache
+    from racer_rs.loading import gguf_cache
 
     return str(gguf_cache.converted_checkpoint(source.location))
 

@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 from racer_rs._native import DraftTree
 from racer_rs.drafters import make_drafter
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
-from racer_rs.sampling import (
+from racer_rs.engine.sampling import (
     SamplingConfig,
     chain_speculative_sample,
     draw_uniforms,
@@ -39,8 +39,8 @@ from racer_rs.sampling import (
     sample_nodes,
     sample_position,
 )
-from racer_rs.tree_size import TreeSizer, subtree
-from racer_rs.verify import TreeVerifier, model_window, topk_with_probs
+from racer_rs.autosize.sizer import TreeSizer, subtree
+from racer_rs.engine.verifier import TreeVerifier, model_window, topk_with_probs
 
 TIMING_KEYS = ("prefill", "draft", "verify", "forward", "bookkeeping", "total")
 
@@ -94,7 +94,7 @@ class DecodeState:
         tree_nodes: total number of verified tree nodes.
         resampled_nodes: nodes whose fast sample had to be redrawn exactly.
         uniforms: ``[max_new_tokens + 1, CANDIDATES]`` uniforms keyed by generation position
-            (sampling only; see :func:`racer_rs.sampling.draw_uniforms`).
+            (sampling only; see :func:`racer_rs.engine.sampling.draw_uniforms`).
     """
 
     context: np.ndarray
@@ -463,7 +463,7 @@ def generate(
         capacity: the most draft-tree nodes per step, root included; or ``"auto"``: every
             step verifies the tree prefix with the most expected tokens per second, from the
             target's measured forward cost on its device and the drafted nodes' calibrated
-            acceptance probabilities (:mod:`racer_rs.tree_size`; at most ``max_capacity``
+            acceptance probabilities (:mod:`racer_rs.autosize.sizer`; at most ``max_capacity``
             nodes). Its per-request statistics are in ``extras["auto_capacity"]``; the first
             request for a model, device, dtype and thread count also measures the cost curve
             (a few seconds, ``setup_s`` there; cached on disk afterwards).
@@ -543,7 +543,7 @@ def generate(
     extras["mean_tree_size"] = state.tree_nodes / max(1, steps)
     extras["resampled_nodes"] = state.resampled_nodes
     if sizer is not None:
-        from racer_rs import tree_size
+        from racer_rs.autosize import sizer as tree_size
 
         tree_size.save_calibration(calibration_key, sizer.calibration)
         tree_size.save_cost_model(model, sizer.cost)
@@ -563,7 +563,7 @@ def generate(
 
 def _auto_sizer(model: PreTrainedModel, method: str, greedy: bool, max_capacity: int) -> tuple[TreeSizer, str]:
     """The request's tree sizer: the model's cost model and a warm-started calibration."""
-    from racer_rs import tree_size
+    from racer_rs.autosize import sizer as tree_size
 
     key = tree_size.calibration_key(model, method, greedy)
     cost = tree_size.cost_model(model, max_capacity)

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from racer_rs.cli.report import BASELINE
-from racer_rs.cli.runner import Record
+from racer_rs.bench.report import BASELINE
+from racer_rs.bench.runner import Record
 
 
 def _pyplot() -> Any:

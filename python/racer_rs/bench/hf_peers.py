@@ -7,7 +7,7 @@ What a user would pick instead of racer_rs, measured in the same process on the 
 - ``hf_assisted``: ``model.generate(assistant_model=draft)`` (transformers' assisted generation,
   with its default draft length and confidence threshold, as a user would run it).
 
-Each call returns a :class:`racer_rs.generation.GenerationResult`. Steps are the target's decode
+Each call returns a :class:`racer_rs.engine.generation.GenerationResult`. Steps are the target's decode
 forward calls plus the final token, which needs none, as in racer_rs's engine; the tokens each step
 committed are read from the target's cache length at its forward calls (a forward pre-hook), so MAT
 means the same for peers and for racer_rs's methods. Importing this module does not import torch.
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from racer_rs.generation import GenerationResult
+    from racer_rs.engine.generation import GenerationResult
 
 #: Peer method names.
 PEERS = ("hf", "hf_pld", "hf_assisted")
@@ -97,7 +97,7 @@ def generate_with_transformers(
     import torch
     from transformers import GenerationConfig
 
-    from racer_rs.generation import GenerationResult
+    from racer_rs.engine.generation import GenerationResult
 
     if method not in PEERS:
         raise ValueError(f"method: unknown transformers peer {method!r}; available: {', '.join(PEERS)}")

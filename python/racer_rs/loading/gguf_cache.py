@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from racer_rs.atomic_files import file_digest
+from racer_rs._io import file_digest
 
 CACHE_ENV = "RACER_RS_CACHE"
 #: Bumped whenever an entry's layout changes; entries of another format are rebuilt.

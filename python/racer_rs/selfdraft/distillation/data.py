@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from racer_rs.atomic_files import staged_file
+from racer_rs._io import staged_file
 
 HEAD_CHUNK = 256  # prompt positions per LM-head call (bounds the [rows, vocabulary] logits)
 

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from racer_rs.atomic_files import write_text_atomically
-from racer_rs.cli.runner import Record
+from racer_rs._io import write_text_atomically
+from racer_rs.bench.runner import Record
 
 SCHEMA_VERSION = 2
 OVERALL = "overall"

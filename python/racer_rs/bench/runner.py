@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from racer_rs.cli.data import Question
+from racer_rs.bench.prompts import Question
 from racer_rs.cli.errors import CLIError, one_line
-from racer_rs.cli.prompting import encode_conversation, encode_text
-from racer_rs.hf_peers import PEERS
+from racer_rs.bench.prompting import encode_conversation, encode_text
+from racer_rs.bench.hf_peers import PEERS
 
 #: New-token cap of a warm-up run.
 WARMUP_TOKENS = 32
@@ -137,7 +137,7 @@ class Record:
     mismatch: bool | None = None
     first_mismatch: int | None = None
     # Half precision only: a mismatch at two tokens whose top-2 gap is within the dtype's rounding
-    # (see racer_rs.precision), with that gap (ar's token minus this method's) and the tolerance.
+    # (see racer_rs.bench.precision), with that gap (ar's token minus this method's) and the tolerance.
     near_tie: bool | None = None
     tie_gap: float | None = None
     tie_tolerance: float | None = None
@@ -169,10 +169,10 @@ class BenchmarkRunner:
         model: The target model.
         tokenizer: Its tokenizer.
         config: The run configuration.
-        generate: The generation function (``racer_rs.generation.generate``).
+        generate: The generation function (``racer_rs.engine.generation.generate``).
         make_drafter: The drafter factory (``racer_rs.drafters.make_drafter``).
         peer_generate: Runs the transformers peers (``hf``, ``hf_pld``, ``hf_assisted``); default
-            :func:`racer_rs.hf_peers.generate_with_transformers`.
+            :func:`racer_rs.bench.hf_peers.generate_with_transformers`.
     """
 
     def __init__(
@@ -317,7 +317,7 @@ class BenchmarkRunner:
 
     def _peer(self, *args: Any, **kwargs: Any) -> Any:
         if self._peer_generate is None:
-            from racer_rs.hf_peers import generate_with_transformers
+            from racer_rs.bench.hf_peers import generate_with_transformers
 
             self._peer_generate = generate_with_transformers
         return self._peer_generate(*args, **kwargs)
@@ -374,7 +374,7 @@ def _check_against_ar(records: list[Record], model: Any) -> None:
 
     A turn is compared only when the method got ar's prompt (a later turn of a method whose
     earlier answer differed has another conversation). In half precision a mismatch is
-    classified as a near-tie or not (:func:`racer_rs.precision.divergence_gap`).
+    classified as a near-tie or not (:func:`racer_rs.bench.precision.divergence_gap`).
     """
     import torch
 
@@ -388,7 +388,7 @@ def _check_against_ar(records: list[Record], model: Any) -> None:
         record.mismatch = record.first_mismatch is not None
         index = record.first_mismatch
         if half and index is not None and index < min(len(record.tokens), len(ar.tokens)):
-            from racer_rs.precision import divergence_gap
+            from racer_rs.bench.precision import divergence_gap
 
             prefix = ar.prompt_ids + ar.tokens[:index]
             gap, tolerance = divergence_gap(model, prefix, ar.tokens[index], record.tokens[index])

@@ -16,7 +16,7 @@ the step verified it or a size choice cut it: the target's token after an accept
 token. So cutting nodes never starves a cell of evidence. With draft probabilities (chain
 speculative sampling) acceptance is randomised, and only verified nodes are observed; the size
 choice then verifies a drafted token now and then even when plain decoding looks best
-(:data:`racer_rs.tree_size.EXPLORE_AFTER`), or a low estimate could never be corrected.
+(:data:`racer_rs.autosize.sizer.EXPLORE_AFTER`), or a low estimate could never be corrected.
 
 Per-cell estimates are noisy, and a size choice keeps the nodes whose estimates came out high,
 so summed path probabilities overstate what a chosen tree commits (and products along a path

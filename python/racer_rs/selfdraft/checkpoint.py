@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from racer_rs.atomic_files import file_digest, staged_file, write_text_atomically
-from racer_rs.self_draft_model import self_draft
+from racer_rs._io import file_digest, staged_file, write_text_atomically
+from racer_rs.selfdraft.model import self_draft
 
 __all__ = [
     "MANIFEST",
@@ -95,7 +95,7 @@ def save_self_draft(
     """Save ``draft`` (a self-draft of ``target``) into ``folder``; return the manifest's path.
 
     Args:
-        draft: the self-draft (see :func:`racer_rs.self_draft_model.self_draft`).
+        draft: the self-draft (see :func:`racer_rs.selfdraft.model.self_draft`).
         target: the target it was cut from.
         folder: the checkpoint folder (created if needed; an older checkpoint there is replaced).
         target_name: how the target was named (a model spec), recorded in the manifest.
@@ -213,7 +213,7 @@ def load_self_draft(target: Any, folder: str | os.PathLike[str]) -> Any:
 
 
 def _check_target(target: Any, manifest: dict[str, Any], folder: Path) -> None:
-    from racer_rs.self_draft_model import check_self_draft_target
+    from racer_rs.selfdraft.model import check_self_draft_target
 
     check_self_draft_target(target)
     recorded = manifest["target"]

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from racer_rs._native import DraftTree
-from racer_rs.verify import TreeVerifier
+from racer_rs.engine.verifier import TreeVerifier
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
 

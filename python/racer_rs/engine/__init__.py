@@ -1,0 +1,5 @@
+"""The decode engine: ``generate``, the decode loop (draft, verify, accept, commit), tree
+verification against the target's KV cache, lossless sampling and acceptance, streaming.
+
+This package imports torch; ``import racer_rs`` never imports it.
+"""

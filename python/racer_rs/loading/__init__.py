@@ -1,0 +1,1 @@
+"""Loading models by name, folder or ``.gguf`` file, and the GGUF conversion cache."""
