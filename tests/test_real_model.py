@@ -21,7 +21,7 @@ from racer_rs.bench.prompts import load_benchmark  # noqa: E402
 from racer_rs.bench.prompting import encode_conversation  # noqa: E402
 from racer_rs.bench.hf_peers import generate_with_transformers  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
-from tests.tiny_models import plain_greedy  # noqa: E402
+from tests.helpers import plain_greedy  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.real_model]
 

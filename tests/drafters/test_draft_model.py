@@ -19,7 +19,7 @@ import racer_rs  # noqa: E402
 from racer_rs.drafters.base import Drafter, RequestStart  # noqa: E402
 from racer_rs.drafters.draft_model import DraftModelDrafter  # noqa: E402
 from tests.stats import pvalue_of_array  # noqa: E402
-from tests.tiny_models import plain_greedy, seeded_llama  # noqa: E402
+from tests.helpers import plain_greedy, seeded_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -29,7 +29,7 @@ import racer_rs  # noqa: E402
 from racer_rs.engine import generation  # noqa: E402
 from racer_rs.engine.generation import DecodeLoop, DecodeState, Verification  # noqa: E402
 from racer_rs.engine.sampling import SamplingConfig  # noqa: E402
-from tests.tiny_models import REPEATING_PROMPT, plain_greedy, plain_sampling, seeded_llama, tiny_model  # noqa: E402
+from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, seeded_llama, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

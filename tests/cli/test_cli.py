@@ -195,7 +195,7 @@ def test_streamer_decodes_multibyte_characters_across_tokens(tokenizer):
 
 
 def test_every_shared_and_shipped_prompt_file_loads():
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     folders = [repo / "data", repo.parent / "shared" / "data"]  # shipped copies, the shared originals
     files = [path for folder in folders if folder.is_dir() for path in sorted(folder.glob("*.jsonl"))]
     assert any(path.name == "code_completion.jsonl" for path in files), "the repo ships data/*.jsonl"
@@ -230,7 +230,7 @@ def test_limit_applies_per_group_of_each_file(tmp_path):
 
 
 def test_multi_turn_group_alternates_between_its_categories():
-    spec_bench = Path(__file__).resolve().parents[1] / "data" / "spec_bench.jsonl"
+    spec_bench = Path(__file__).resolve().parents[2] / "data" / "spec_bench.jsonl"
     questions = load_benchmark([spec_bench], limit=3)
     groups = [q.category for q in questions]
     assert groups == [g for g in dict.fromkeys(groups) for _ in range(3)]
@@ -279,7 +279,7 @@ def test_conversation_without_chat_template_joins_turns_and_answers(tokenizer):
 def test_shipped_defaults_resolve_from_cwd_then_repository(tmp_path, monkeypatch):
     from racer_rs.loading import models as model_loading
 
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = Path(__file__).resolve().parents[2]
     # An installed wheel has no checkout around it; the tests stand in for an editable install.
     monkeypatch.setattr(model_loading, "repository_root", lambda: checkout)
     monkeypatch.chdir(tmp_path)
@@ -300,7 +300,7 @@ def test_repository_root_is_found_from_an_editable_install():
     if "site-packages" in resources.__file__:
         assert resources.repository_root() is None  # an installed wheel has no checkout
     else:
-        assert resources.repository_root() == Path(__file__).resolve().parents[1]
+        assert resources.repository_root() == Path(__file__).resolve().parents[2]
 
 
 # --- errors -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import racer_rs  # noqa: E402
 from racer_rs.drafters.draft_model import DraftModelDrafter  # noqa: E402
 from racer_rs.selfdraft.model import ReducedHead, self_draft  # noqa: E402
 from tests.stats import pvalue_of_array  # noqa: E402
-from tests.tiny_models import plain_greedy, seeded_llama, tiny_model  # noqa: E402
+from tests.helpers import plain_greedy, seeded_llama, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -244,7 +244,7 @@ def small_target() -> torch.nn.Module:
 def test_reduced_draft_proposes_only_kept_tokens_and_reports_it() -> None:
     from dataclasses import replace
 
-    from tests.test_draft_model import request_start
+    from tests.drafters.test_draft_model import request_start
 
     target = small_target()
     drafter = DraftModelDrafter(target, draft_model=self_draft(target, 1, vocab=SMALL_KEPT), canvas=3)
@@ -261,7 +261,7 @@ def test_reduced_draft_proposes_only_kept_tokens_and_reports_it() -> None:
 
 
 def third_token_pvalue(drafter) -> tuple[float, int]:
-    from tests.test_draft_model import exact_third_token
+    from tests.drafters.test_draft_model import exact_third_token
 
     target = small_target()
     prompt, temperature, runs = [1, 2, 3], 0.9, 2000

@@ -24,7 +24,7 @@ from racer_rs.autosize.calibration import PRIOR_WEIGHT, EdgeCalibration, path_pr
 from racer_rs.autosize.cost_model import CostModel  # noqa: E402
 from racer_rs.engine.sampling import SamplingConfig  # noqa: E402
 from racer_rs.autosize.sizer import EXPLORE_AFTER, TreeSizer, best_first_order, best_prefix_size, subtree  # noqa: E402
-from tests.tiny_models import REPEATING_PROMPT, plain_greedy, plain_sampling, seeded_llama, tiny_model  # noqa: E402
+from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, seeded_llama, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -442,7 +442,7 @@ def test_calibration_warm_starts_the_next_request(forced_cost):
 def test_auto_chain_sampling_keeps_the_target_distribution(forced_cost):
     """Chain speculative sampling on chains cut by the size choice: the 3rd token's distribution."""
     from racer_rs.drafters import make_drafter
-    from tests.test_draft_model import ShiftedReportDrafter, third_token_draft, third_token_sampling
+    from tests.drafters.test_draft_model import ShiftedReportDrafter, third_token_draft, third_token_sampling
 
     forced_cost("mild")
     drafter = make_drafter("draft_model", None, draft_model=third_token_draft(), canvas=3)

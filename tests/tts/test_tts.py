@@ -28,7 +28,7 @@ from racer_rs.tts.update_worker import THREAD_NAME_PREFIX, UpdateWorker  # noqa:
 from racer_rs.engine import generation  # noqa: E402
 from racer_rs.engine.generation import DecodeLoop  # noqa: E402
 from racer_rs.engine.sampling import SamplingConfig, resample_node  # noqa: E402
-from tests.tiny_models import plain_greedy, plain_sampling, seeded_llama  # noqa: E402
+from tests.helpers import plain_greedy, plain_sampling, seeded_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -15,7 +15,7 @@ from racer_rs.drafters import make_drafter  # noqa: E402
 from racer_rs.engine.generation import DecodeLoop  # noqa: E402
 from racer_rs.engine.sampling import SamplingConfig  # noqa: E402
 from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
-from tests.tiny_models import FAMILIES, REPEATING_PROMPT, random_prompt, tiny_model  # noqa: E402
+from tests.helpers import FAMILIES, REPEATING_PROMPT, random_prompt, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 from racer_rs.cli import main  # noqa: E402
 from tests.cli_models import write_tiny_model  # noqa: E402
-from tests.test_cli import assert_one_line_error, run_cli  # noqa: E402
+from tests.cli.test_cli import assert_one_line_error, run_cli  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -31,7 +31,7 @@ from racer_rs.selfdraft.distillation.training import (  # noqa: E402
 )
 from racer_rs.selfdraft.checkpoint import DraftCheckpointError, load_self_draft, save_self_draft  # noqa: E402
 from racer_rs.selfdraft.model import self_draft  # noqa: E402
-from tests.test_self_draft import deep_llama  # noqa: E402
+from tests.selfdraft.test_self_draft import deep_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -370,7 +370,7 @@ def test_bad_prompts_and_targets_are_rejected(target, tmp_path) -> None:
         distill_self_draft(target, [[1, 2], []] * 4, tmp_path / "a", settings)
     with pytest.raises(TypeError, match="sequence"):
         distill_self_draft(target, "not prompts", tmp_path / "a", settings)
-    from tests.tiny_models import tiny_model
+    from tests.helpers import tiny_model
 
     with pytest.raises(TypeError, match="Llama-style"):
         distill_self_draft(tiny_model("gpt_neox"), prompts(), tmp_path / "a", settings)

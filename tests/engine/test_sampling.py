@@ -42,7 +42,7 @@ from racer_rs.engine.sampling import (  # noqa: E402
 )
 from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
 from tests.stats import chi_square_pvalue  # noqa: E402
-from tests.tiny_models import REPEATING_PROMPT, plain_sampling, tiny_model  # noqa: E402
+from tests.helpers import REPEATING_PROMPT, plain_sampling, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -9,7 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
 from racer_rs.drafters import make_drafter  # noqa: E402
-from tests.tiny_models import REPEATING_PROMPT, WINDOW, plain_greedy, tiny_model  # noqa: E402
+from tests.helpers import REPEATING_PROMPT, WINDOW, plain_greedy, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -38,7 +38,7 @@ def _eos_inside_a_step(model: torch.nn.Module) -> tuple[list[int], int, int]:
     raise AssertionError("no suitable multi-token step; the test model is not repetitive enough")
 
 
-# Every method with an EOS inside its own accepted paths, greedy and sampling: tests/test_eos.py.
+# Every method with an EOS inside its own accepted paths, greedy and sampling: tests/engine/test_eos.py.
 
 
 def test_eos_cuts_the_accepted_path_mid_step(model: torch.nn.Module) -> None:

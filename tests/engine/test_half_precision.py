@@ -34,7 +34,7 @@ import racer_rs  # noqa: E402
 from racer_rs.engine import generation  # noqa: E402
 from racer_rs.engine.generation import DecodeLoop, DecodeState  # noqa: E402
 from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
-from tests.tiny_models import FAMILIES, REPEATING_PROMPT, random_prompt, tiny_model  # noqa: E402
+from tests.helpers import FAMILIES, REPEATING_PROMPT, random_prompt, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

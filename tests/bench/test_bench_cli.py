@@ -421,7 +421,7 @@ def _record(method: str, tokens: list[int], prompt: list[int], turn: int = 0) ->
 def test_half_precision_mismatches_are_near_ties_only_within_rounding(dtype):
     from racer_rs.bench.report import mismatched_records
     from racer_rs.bench.runner import _check_against_ar
-    from tests.tiny_models import plain_greedy, tiny_model
+    from tests.helpers import plain_greedy, tiny_model
 
     model = tiny_model("llama", seed=3)
     prompt = [5, 9, 33, 2]
@@ -452,7 +452,7 @@ def test_half_precision_mismatches_are_near_ties_only_within_rounding(dtype):
 
 def test_a_later_turn_after_a_differing_answer_is_not_compared():
     from racer_rs.bench.runner import _check_against_ar
-    from tests.tiny_models import tiny_model
+    from tests.helpers import tiny_model
 
     model = tiny_model("llama")
     records = [

@@ -24,7 +24,7 @@ import racer_rs  # noqa: E402
 from racer_rs.drafters import make_drafter  # noqa: E402
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart  # noqa: E402
 from racer_rs.drafters.racer import RacerDrafter  # noqa: E402
-from tests.tiny_models import REPEATING_PROMPT, plain_greedy, random_prompt, seeded_llama, tiny_model  # noqa: E402
+from tests.helpers import REPEATING_PROMPT, plain_greedy, random_prompt, seeded_llama, tiny_model  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 

@@ -43,7 +43,7 @@ from racer_rs.engine.generation import DecodeLoop, DecodeState, Verification  # 
 from racer_rs.engine.sampling import SamplingConfig, _inverse_cdf, chain_speculative_sample, process_logits  # noqa: E402
 from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
 from tests.stats import chi_square_pvalue  # noqa: E402
-from tests.tiny_models import tiny_model  # noqa: E402
+from tests.helpers import tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

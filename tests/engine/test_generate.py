@@ -15,7 +15,7 @@ import racer_rs  # noqa: E402
 from racer_rs.drafters import METHODS, available_methods, make_drafter  # noqa: E402
 from racer_rs.drafters.racer import RacerDrafter  # noqa: E402
 from tests.conftest import reference_file  # noqa: E402
-from tests.tiny_models import FAMILIES, REPEATING_PROMPT, plain_greedy, random_prompt, tiny_model  # noqa: E402
+from tests.helpers import FAMILIES, REPEATING_PROMPT, plain_greedy, random_prompt, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
