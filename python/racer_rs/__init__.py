@@ -20,6 +20,17 @@ from racer_rs._native import (
     edge_cell_priors,
     prompt_lookup,
 )
+from racer_rs.errors import (
+    CorruptFileError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    MissingDependencyError,
+    ModelLoadError,
+    ModelSpecError,
+    RacerError,
+    StateError,
+    UnsupportedError,
+)
 
 if TYPE_CHECKING:
     from racer_rs.selfdraft.distillation import DistillSettings, distill_self_draft
@@ -31,10 +42,19 @@ if TYPE_CHECKING:
 __all__ = [
     "EDGE_CELLS",
     "Automaton",
+    "CorruptFileError",
     "DistillSettings",
     "DraftTree",
     "GenerationResult",
+    "InvalidArgumentError",
+    "InvalidTypeError",
     "LogitsTable",
+    "MissingDependencyError",
+    "ModelLoadError",
+    "ModelSpecError",
+    "RacerError",
+    "StateError",
+    "UnsupportedError",
     "__version__",
     "build_draft_tree",
     "distill_self_draft",

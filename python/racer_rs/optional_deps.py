@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import importlib.util
 
+from racer_rs.errors import MissingDependencyError
+
+__all__ = ["EXTRAS", "MissingDependencyError", "install_hint", "installed", "missing", "require"]
+
 #: Extra name -> the import names it provides (must match ``[project.optional-dependencies]``).
 EXTRAS: dict[str, tuple[str, ...]] = {
     "hf": ("torch", "transformers", "safetensors", "tqdm"),
     "gguf": ("gguf", "accelerate"),
     "plots": ("matplotlib",),
 }
-
-
-class MissingDependencyError(ImportError):
-    """An optional dependency is not installed; the message names the extra that provides it."""
 
 
 def installed(module: str) -> bool:

@@ -3,11 +3,11 @@
 use numpy::{
     Element, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
 };
-use pyo3::exceptions::{PyOverflowError, PyTypeError};
+use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
-use super::errors::value_error;
+use super::errors::{type_error, value_error};
 
 /// Token ids borrowed from a contiguous int32 array (zero-copy) or converted into a `Vec`.
 pub(crate) enum Tokens<'py> {
@@ -59,13 +59,13 @@ pub(crate) fn token_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tok
         if let Ok(a64) = obj.extract::<PyReadonlyArray1<'py, i64>>() {
             return Ok(Tokens::Owned(to_i32(arg, a64.as_array().iter().copied())?));
         }
-        return Err(PyTypeError::new_err(format!(
+        return Err(type_error(format!(
             "{arg}: expected an int32 or int64 array, got dtype {}",
             dtype_name(a)
         )));
     }
     if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
-        return Err(PyTypeError::new_err(format!(
+        return Err(type_error(format!(
             "{arg}: expected a sequence of ints, got a string"
         )));
     }
@@ -74,7 +74,7 @@ pub(crate) fn token_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tok
             .get_type()
             .name()
             .map_or_else(|_| "?".into(), |n| n.to_string());
-        PyTypeError::new_err(format!(
+        type_error(format!(
             "{arg}: expected a sequence of ints or an int32/int64 array, got {ty}"
         ))
     })?;
@@ -91,7 +91,7 @@ fn matrix_of<Narrow: Element + Copy, Wide: Element + Copy>(
 ) -> PyResult<(Vec<Narrow>, usize, usize)> {
     let a = obj
         .cast::<PyUntypedArray>()
-        .map_err(|_| PyTypeError::new_err(format!("{arg}: expected a 2-D {kinds} numpy array")))?;
+        .map_err(|_| type_error(format!("{arg}: expected a 2-D {kinds} numpy array")))?;
     if a.ndim() != 2 {
         return Err(value_error(
             arg,
@@ -105,7 +105,7 @@ fn matrix_of<Narrow: Element + Copy, Wide: Element + Copy>(
     if let Ok(m) = obj.extract::<PyReadonlyArray2<'_, Wide>>() {
         return Ok((narrow(m.as_array().iter().copied().collect())?, n, k));
     }
-    Err(PyTypeError::new_err(format!(
+    Err(type_error(format!(
         "{arg}: expected a {kinds} array, got dtype {}",
         dtype_name(a)
     )))
@@ -141,13 +141,13 @@ pub(crate) fn prob_vector(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f32
             #[allow(clippy::cast_possible_truncation)] // probabilities: f32 precision is plenty
             return Ok(v.as_array().iter().map(|&p| p as f32).collect());
         }
-        return Err(PyTypeError::new_err(format!(
+        return Err(type_error(format!(
             "{arg}: expected a float32 or float64 array, got dtype {}",
             dtype_name(a)
         )));
     }
     let values: Vec<f64> = obj.extract().map_err(|_| {
-        PyTypeError::new_err(format!(
+        type_error(format!(
             "{arg}: expected a 1-D float array or a list of floats"
         ))
     })?;

@@ -1,7 +1,6 @@
 //! `Automaton` for Python: a frozen wrapper whose state sits behind a mutex.
 
 use parking_lot::Mutex;
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 use super::arrays::{Int, at_least, token_arg, token_id};
@@ -102,7 +101,6 @@ impl PyAutomaton {
     }
 
     fn check_integrity(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.inner.lock().check_integrity())
-            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+        Ok(py.detach(|| self.inner.lock().check_integrity())?)
     }
 }

@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import racer_rs  # noqa: E402
 from racer_rs.cli import main  # noqa: E402
 from tests.cli_models import write_tiny_model  # noqa: E402
 from racer_rs.bench.prompts import MULTI_TURN_CATEGORY, load_benchmark, load_questions  # noqa: E402
@@ -257,7 +258,7 @@ def test_malformed_row_names_file_and_line(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"
     good = json.dumps({"question_id": 0, "category": "c", "turns": ["hi"]})
     path.write_text(f"{good}\n\n{line}\n", encoding="utf-8")
-    with pytest.raises(CLIError, match=message) as info:
+    with pytest.raises(racer_rs.InvalidArgumentError, match=message) as info:
         load_questions(path)
     assert str(info.value).startswith(f"{path}:3: ")
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from racer_rs._native import EDGE_CELLS, DraftTree, edge_cell_priors
+from racer_rs.errors import InvalidArgumentError
 
 #: Weight of a cell's prior, in observations: small, since the priors are raw estimates that
 #: measured acceptance soon replaces.
@@ -119,12 +120,12 @@ class EdgeCalibration:
         accepted = np.asarray(state["accepted"], dtype=np.float64)
         tried = np.asarray(state["tried"], dtype=np.float64)
         if accepted.shape != (EDGE_CELLS,) or tried.shape != (EDGE_CELLS,):
-            raise ValueError(f"calibration state must hold {EDGE_CELLS} counts per field")
+            raise InvalidArgumentError(f"calibration state must hold {EDGE_CELLS} counts per field")
         if not (np.all(np.isfinite(tried)) and np.all(tried >= 0) and np.all((accepted >= 0) & (accepted <= tried))):
-            raise ValueError("calibration state holds invalid counts")
+            raise InvalidArgumentError("calibration state holds invalid counts")
         expected, committed = float(state.get("expected_extra", 0.0)), float(state.get("committed_extra", 0.0))
         if not (np.isfinite(expected) and np.isfinite(committed) and expected >= 0 and committed >= 0):
-            raise ValueError("calibration state holds invalid totals")
+            raise InvalidArgumentError("calibration state holds invalid totals")
         scale = np.minimum(1.0, cap / np.maximum(tried, 1e-9))
         self.accepted, self.tried = accepted * scale, tried * scale
         shrink = min(1.0, SCALE_WARM_START_CAP / max(expected, 1e-9))

@@ -19,6 +19,7 @@ import torch
 
 from racer_rs._native import DraftTree
 from racer_rs.engine.verifier import TreeVerifier
+from racer_rs.errors import InvalidArgumentError
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -52,9 +53,9 @@ def measure_forward_cost(
         ``{size: median seconds}``.
     """
     if not sizes or any(int(n) < 1 for n in sizes):
-        raise ValueError(f"sizes must be positive tree sizes, got {list(sizes)}")
+        raise InvalidArgumentError(f"sizes must be positive tree sizes, got {list(sizes)}")
     if context < 1 or rounds < 1:
-        raise ValueError("context and rounds must be >= 1")
+        raise InvalidArgumentError("context and rounds must be >= 1")
     verifier = TreeVerifier(model)
     vocab = int(model.get_output_embeddings().weight.shape[0])
     prompt = np.random.default_rng(seed).integers(0, vocab, size=context, dtype=np.int64).astype(np.int32)
@@ -112,14 +113,14 @@ class CostModel:
     ) -> None:
         self.sizes = np.asarray(sizes, dtype=np.float64)
         if len(self.sizes) < 1 or self.sizes[0] != 1 or np.any(np.diff(self.sizes) <= 0):
-            raise ValueError("sizes must ascend from 1")
+            raise InvalidArgumentError("sizes must ascend from 1")
         if len(seconds) != 2 or any(len(v) != len(self.sizes) for v in seconds.values()):
-            raise ValueError("seconds must hold one curve per context length, for two lengths")
+            raise InvalidArgumentError("seconds must hold one curve per context length, for two lengths")
         (self.short, short), (self.long, long) = sorted(seconds.items())
         self.curve_short = np.asarray(short, dtype=np.float64)
         self.curve_long = np.asarray(long, dtype=np.float64)
         if not (np.all(self.curve_short > 0) and np.all(self.curve_long > 0)):
-            raise ValueError("measured seconds must be positive")
+            raise InvalidArgumentError("measured seconds must be positive")
         self.factors: dict[int, float] = dict(factors or {})
         self.overhead = float(overhead)
 
@@ -179,15 +180,15 @@ class CostModel:
             seconds = {int(k): [float(x) for x in v] for k, v in state["seconds"].items()}
             factors = {int(k): float(v) for k, v in state.get("factors", {}).items()}
             if not all(np.isfinite(v) and v > 0 for v in factors.values()):
-                raise ValueError("correction factors must be positive")
+                raise InvalidArgumentError("correction factors must be positive")
             overhead = float(state.get("overhead", 0.0))
             if not (np.isfinite(overhead) and overhead >= 0):
-                raise ValueError("the overhead must be finite and non-negative")
+                raise InvalidArgumentError("the overhead must be finite and non-negative")
             if not all(np.isfinite(x) for curve in seconds.values() for x in curve):
-                raise ValueError("measured seconds must be finite")
+                raise InvalidArgumentError("measured seconds must be finite")
             return cls(state["sizes"], seconds, factors, overhead)
         except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"malformed cost state: {exc}") from None
+            raise InvalidArgumentError(f"malformed cost state: {exc}") from None
 
     def curve_ms(self, context: int) -> dict[int, float]:
         """The corrected forward cost per measured size, in milliseconds (for reports)."""

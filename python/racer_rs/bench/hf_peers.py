@@ -19,6 +19,7 @@ import itertools
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+from racer_rs.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from racer_rs.engine.generation import GenerationResult
@@ -100,9 +101,9 @@ def generate_with_transformers(
     from racer_rs.engine.generation import GenerationResult
 
     if method not in PEERS:
-        raise ValueError(f"method: unknown transformers peer {method!r}; available: {', '.join(PEERS)}")
+        raise InvalidArgumentError(f"method: unknown transformers peer {method!r}; available: {', '.join(PEERS)}")
     if method == "hf_assisted" and assistant_model is None:
-        raise ValueError("method hf_assisted needs a draft model (assistant_model)")
+        raise InvalidArgumentError("method hf_assisted needs a draft model (assistant_model)")
     eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
     settings: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+from racer_rs.errors import InvalidArgumentError
 
 SYSTEM_MESSAGE = "You are a helpful assistant."
 
@@ -36,7 +37,7 @@ def encode_conversation(tokenizer: Any, user_turns: Sequence[str], answers: Sequ
         The prompt token ids.
     """
     if len(answers) != len(user_turns) - 1:
-        raise ValueError("answers must hold one answer per user turn except the last")
+        raise InvalidArgumentError("answers must hold one answer per user turn except the last")
     if not has_chat_template(tokenizer):
         parts: list[str] = []
         for index, turn in enumerate(user_turns):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from racer_rs.cli.errors import CLIError
+from racer_rs.errors import InvalidArgumentError
 
 MULTI_TURN_CATEGORY = "multi_turn"
 MODES = ("chat", "completion")
@@ -51,26 +51,26 @@ class Question:
 
 
 def _parse_row(row: Any, where: str) -> tuple[int | str, str, tuple[str, ...], str]:
-    """Validate one decoded JSON row; raise CLIError naming ``where`` (file:line) on a bad row."""
+    """Validate one decoded JSON row; raise InvalidArgumentError naming ``where`` (file:line) on a bad row."""
     if not isinstance(row, dict):
-        raise CLIError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        raise InvalidArgumentError(f"{where}: expected a JSON object, got {type(row).__name__}")
     missing = [key for key in ("question_id", "turns") if key not in row]
     if missing:
-        raise CLIError(f"{where}: missing field {missing[0]!r}")
+        raise InvalidArgumentError(f"{where}: missing field {missing[0]!r}")
     qid = row["question_id"]
     if isinstance(qid, bool) or not isinstance(qid, (int, str)):
-        raise CLIError(f"{where}: 'question_id' must be an int or a string")
+        raise InvalidArgumentError(f"{where}: 'question_id' must be an int or a string")
     turns = row["turns"]
     if not isinstance(turns, list) or not turns or not all(isinstance(turn, str) and turn for turn in turns):
-        raise CLIError(f"{where}: 'turns' must be a non-empty list of non-empty strings")
+        raise InvalidArgumentError(f"{where}: 'turns' must be a non-empty list of non-empty strings")
     category = row.get("category", "default")
     if not isinstance(category, str) or not category:
-        raise CLIError(f"{where}: 'category' must be a non-empty string")
+        raise InvalidArgumentError(f"{where}: 'category' must be a non-empty string")
     mode = row.get("mode", "chat")
     if mode not in MODES:
-        raise CLIError(f"{where}: 'mode' must be one of {', '.join(MODES)}, got {mode!r}")
+        raise InvalidArgumentError(f"{where}: 'mode' must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "completion" and len(turns) != 1:
-        raise CLIError(f"{where}: a completion row must have exactly one turn")
+        raise InvalidArgumentError(f"{where}: a completion row must have exactly one turn")
     return qid, category, tuple(turns), mode
 
 
@@ -84,16 +84,16 @@ def load_questions(path: str | Path) -> list[Question]:
         The questions in file order.
 
     Raises:
-        CLIError: The file is missing or unreadable, or a row is malformed (the message names the
+        InvalidArgumentError: The file is missing or unreadable, or a row is malformed (the message names the
             file and the 1-based line).
     """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise CLIError(f"data file not found: {path}") from None
+        raise InvalidArgumentError(f"data file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise CLIError(f"cannot read data file {path}: {exc}") from None
+        raise InvalidArgumentError(f"cannot read data file {path}: {exc}") from None
     questions = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -102,12 +102,12 @@ def load_questions(path: str | Path) -> list[Question]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise CLIError(f"{where}: invalid JSON ({exc.msg})") from None
+            raise InvalidArgumentError(f"{where}: invalid JSON ({exc.msg})") from None
         qid, category, turns, mode = _parse_row(row, where)
         group = MULTI_TURN_CATEGORY if len(turns) > 1 else category
         questions.append(Question(qid, group, turns, mode, str(path), number, category))
     if not questions:
-        raise CLIError(f"data file {path} has no questions")
+        raise InvalidArgumentError(f"data file {path} has no questions")
     return questions
 
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from racer_rs.bench.prompts import Question
-from racer_rs.cli.errors import CLIError, one_line
 from racer_rs.bench.prompting import encode_conversation, encode_text
 from racer_rs.bench.hf_peers import PEERS
+from racer_rs.errors import InvalidArgumentError, error_context
 
 #: New-token cap of a warm-up run.
 WARMUP_TOKENS = 32
@@ -101,9 +101,9 @@ def parse_capacity(text: str) -> int | str:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"capacity must be an int >= 1 or 'auto', got {text!r}") from None
+        raise InvalidArgumentError(f"capacity must be an int >= 1 or 'auto', got {text!r}") from None
     if value < 1:
-        raise ValueError(f"capacity must be an int >= 1 or 'auto', got {text!r}")
+        raise InvalidArgumentError(f"capacity must be an int >= 1 or 'auto', got {text!r}")
     return value
 
 
@@ -195,7 +195,7 @@ class BenchmarkRunner:
         self.state_by_method: dict[str, str] = {}
 
     def build_drafters(self) -> dict[str, Any]:
-        """Build one drafter per method; bad options become a CLIError naming the method."""
+        """Build one drafter per method; a bad option is an error naming the method."""
         drafters: dict[str, Any] = {}
         for label in self.config.methods:
             method, _ = split_label(label)
@@ -203,7 +203,7 @@ class BenchmarkRunner:
             if method in PEERS:
                 options.pop("draft_model", None)
                 if options:
-                    raise CLIError(f"method {label} takes no options (got {', '.join(sorted(options))})")
+                    raise InvalidArgumentError(f"method {label} takes no options (got {', '.join(sorted(options))})")
                 drafters[label] = None  # transformers' generate: no drafter of ours
                 continue
             drafter = None
@@ -211,14 +211,12 @@ class BenchmarkRunner:
                 try:
                     drafter = self._make_drafter(method, self.model, persistent=True, **options)
                     self.state_by_method[label] = "persistent"
-                except (ValueError, TypeError):
+                except InvalidArgumentError:
                     # ar, pld, ...: no state to keep across requests, so no such option.
                     self.state_by_method[label] = "stateless"
             if drafter is None:
-                try:
+                with error_context(f"method {label}"):
                     drafter = self._make_drafter(method, self.model, **options)
-                except (ValueError, TypeError) as exc:
-                    raise CLIError(f"method {label}: {one_line(exc)}") from None
             drafters[label] = drafter
         return drafters
 
@@ -272,7 +270,7 @@ class BenchmarkRunner:
         else:
             ids = encode_conversation(self.tokenizer, question.turns[: turn + 1], answers)
         if not ids:
-            raise CLIError(f"{question.source}:{question.line}: the prompt encodes to no tokens")
+            raise InvalidArgumentError(f"{question.source}:{question.line}: the prompt encodes to no tokens")
         return ids
 
     def _call(
@@ -300,7 +298,7 @@ class BenchmarkRunner:
         torch.manual_seed(seed)
         self._synchronize()
         start = time.perf_counter()
-        try:
+        with error_context(f"{question.source}:{question.line}: method {label}"):
             if method in PEERS:
                 result = self._peer(self.model, prompt, method=method, assistant_model=self.config.draft_model, **common)
             else:
@@ -309,9 +307,6 @@ class BenchmarkRunner:
                     self.model, prompt, method=method, capacity=capacity, max_capacity=self.config.max_capacity,
                     drafter=drafter, **common,
                 )
-        except (ValueError, TypeError, NotImplementedError) as exc:
-            where = f"{question.source}:{question.line}"
-            raise CLIError(f"{where}: method {label}: {one_line(exc)}") from None
         self._synchronize()
         return result, time.perf_counter() - start
 

@@ -11,7 +11,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from racer_rs.cli.errors import EXIT_USAGE, ArgumentParser, CLIError, one_line
+from racer_rs.cli.errors import EXIT_USAGE, ArgumentParser, one_line
+from racer_rs.errors import RacerError
 
 __all__ = ["build_parser", "main"]
 
@@ -46,9 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(arguments)
         args.argv = arguments  # recorded in the benchmark report
         return int(args.run(args))
-    except CLIError as exc:
+    except RacerError as exc:  # bad input or state: one line; anything else is a bug (traceback)
         print(f"racer: error: {one_line(exc)}", file=sys.stderr)
-        return exc.exit_code
+        return int(getattr(exc, "exit_code", EXIT_USAGE))
     except KeyboardInterrupt:
         print("racer: interrupted", file=sys.stderr)
         return 130

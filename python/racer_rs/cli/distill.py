@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from racer_rs.cli import common
-from racer_rs.cli.errors import CLIError, one_line
+from racer_rs.errors import error_context
 from racer_rs.cli.loading import DTYPES
 
 DESCRIPTION = """\
@@ -72,10 +72,8 @@ def run(args: argparse.Namespace) -> int:
     common.require_extra("hf", "racer distill-draft")
     from racer_rs.selfdraft.distillation.run import check_output_folder
 
-    try:
+    with error_context("--out"):
         check_output_folder(args.out)
-    except ValueError as exc:
-        raise CLIError(f"--out: {one_line(exc)}") from None
     prompts_files = _prompt_files(args)
     with common.torch_threads(args.threads):
         return _run(args, prompts_files)
@@ -99,21 +97,18 @@ def _run(args: argparse.Namespace, files: list[str]) -> int:
     spec = args.model or DEFAULT_TARGET_MODEL
     check_model(spec, "--model")
     device = resolve_device(args.device)
-    try:
-        settings = DistillSettings(
-            layers=args.layers,
-            minutes=args.minutes,
-            vocab=args.vocab,
-            data_share=args.data_share,
-            batch_size=args.batch_size,
-            new_tokens=args.new_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            lr=args.lr,
-            seed=args.seed,
-        )
-    except (TypeError, ValueError) as exc:
-        raise CLIError(one_line(exc)) from None
+    settings = DistillSettings(
+        layers=args.layers,
+        minutes=args.minutes,
+        vocab=args.vocab,
+        data_share=args.data_share,
+        batch_size=args.batch_size,
+        new_tokens=args.new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        lr=args.lr,
+        seed=args.seed,
+    )
     model, tokenizer = load_model(spec, args.dtype, device)
     prompts = _encode_prompts(tokenizer, files)
     eos = eos_token_ids(model, tokenizer) or []
@@ -140,8 +135,6 @@ def _run(args: argparse.Namespace, files: list[str]) -> int:
     except KeyboardInterrupt:
         say(f"interrupted; the work done so far is saved in {args.out}: run the same command to resume")
         raise
-    except (TypeError, ValueError) as exc:
-        raise CLIError(one_line(exc)) from None
     print(f"{result.checkpoint}  (use: --draft-model {result.checkpoint})")
     return 0
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
+from racer_rs.errors import RacerError
+
 #: Exit code for bad input (the same code argparse uses).
 EXIT_USAGE = 2
 #: Exit code when a greedy benchmark finds a method whose tokens differ from ``ar``.
 EXIT_MISMATCH = 1
 
 
-class CLIError(Exception):
+class CLIError(RacerError):
     """A user-facing error: printed as one line, exit code :data:`EXIT_USAGE`."""
 
     def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:

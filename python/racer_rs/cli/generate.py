@@ -10,6 +10,7 @@ from typing import Any
 
 from racer_rs.cli import common
 from racer_rs.cli.errors import CLIError, one_line
+from racer_rs.errors import error_context
 from racer_rs.cli.loading import eos_token_ids
 from racer_rs.cli.options import parse_options
 from racer_rs.bench.prompting import encode_conversation, encode_text, has_chat_template
@@ -93,35 +94,28 @@ def _run(args: argparse.Namespace) -> int:
     if not input_ids:
         raise CLIError("the prompt encodes to no tokens")
 
-    try:
-        drafter = drafters.make_drafter(
-            args.method, models.model, **models.method_options(args.method, options)
-        )
-    except (ValueError, TypeError) as exc:
-        raise CLIError(f"method {args.method}: {one_line(exc)}") from None
+    with error_context(f"method {args.method}"):
+        drafter = drafters.make_drafter(args.method, models.model, **models.method_options(args.method, options))
 
     if args.seed is not None:
         torch.manual_seed(args.seed)
     streamer = TerminalStreamer(tokenizer, sys.stdout, use_color(args.color, sys.stdout))
     start = time.perf_counter()
-    try:
-        result = generation.generate(
-            models.model,
-            input_ids,
-            method=args.method,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            eos_token_id=eos_token_ids(models.model, tokenizer),
-            capacity=args.capacity,
-            max_capacity=args.max_capacity,
-            seed=args.seed,
-            streamer=streamer,
-            drafter=drafter,
-        )
-    except (ValueError, TypeError, NotImplementedError) as exc:
-        raise CLIError(one_line(exc)) from None
+    result = generation.generate(
+        models.model,
+        input_ids,
+        method=args.method,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        eos_token_id=eos_token_ids(models.model, tokenizer),
+        capacity=args.capacity,
+        max_capacity=args.max_capacity,
+        seed=args.seed,
+        streamer=streamer,
+        drafter=drafter,
+    )
     elapsed = time.perf_counter() - start
     new_tokens = len(result.tokens)
     print(

@@ -1,7 +1,7 @@
 """Loading a model and its tokenizer for the command line, with one-line errors.
 
 Model specs are resolved by :mod:`racer_rs.loading.models` (short names, checkpoint folders,
-``.gguf`` files); this module turns its errors into :class:`CLIError`. torch and transformers are
+``.gguf`` files); this module names the option in their errors. torch and transformers are
 imported inside functions, so that ``racer --help`` and input validation stay fast.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from racer_rs.cli.errors import CLIError, one_line
-from racer_rs.optional_deps import MissingDependencyError
-from racer_rs.loading.models import DTYPES, ModelSource, ModelSpecError
+from racer_rs.cli.errors import CLIError
+from racer_rs.errors import error_context
+from racer_rs.loading.models import DTYPES, ModelSource
 
 __all__ = ["DTYPES", "check_model", "eos_token_ids", "load_model", "resolve_device", "resolve_dtype"]
 
@@ -20,15 +20,14 @@ def check_model(spec: str, what: str = "--model") -> ModelSource:
     """Resolve a model spec and check the packages loading it needs, before any work starts.
 
     Raises:
-        CLIError: the spec names nothing loadable, or a package or extra is missing.
+        ModelSpecError: the spec names nothing loadable.
+        MissingDependencyError: a package or extra is missing.
     """
     from racer_rs.loading import models as model_loading
 
-    try:
+    with error_context(what):
         source = model_loading.resolve_model(spec)
         model_loading.check_dependencies(source)
-    except (ModelSpecError, MissingDependencyError) as exc:
-        raise CLIError(f"{what}: {one_line(exc)}") from None
     return source
 
 
@@ -79,7 +78,7 @@ def load_model(spec: str, dtype: str, device: str, what: str = "--model") -> tup
         what: The option the spec came from, for error messages.
 
     Raises:
-        CLIError: The model cannot be loaded.
+        RacerError: The model cannot be loaded (its message names ``what``).
     """
     import sys
 
@@ -96,10 +95,8 @@ def load_model(spec: str, dtype: str, device: str, what: str = "--model") -> tup
             file=sys.stderr,
         )
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    try:
+    with error_context(what):
         return model_loading.load_model(spec, dtype=dtype, device=device)
-    except (ModelSpecError, MissingDependencyError, ValueError) as exc:
-        raise CLIError(f"{what}: {one_line(exc)}") from None
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> list[int] | None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from racer_rs.cli.errors import CLIError, one_line
+from racer_rs.cli.errors import CLIError
+from racer_rs.errors import error_context
 
 SELF_PREFIX = "self:"
 
@@ -48,9 +49,7 @@ def build_self_draft(spec: str, target: Any) -> Any:
     from racer_rs.selfdraft.checkpoint import load_self_draft
     from racer_rs.selfdraft.model import self_draft
 
-    try:
+    with error_context(f"--draft-model {spec}"):
         if spec.startswith(SELF_PREFIX):
             return self_draft(target, self_layers(spec))
         return load_self_draft(target, spec)
-    except (TypeError, ValueError) as exc:
-        raise CLIError(f"--draft-model {spec}: {one_line(exc)}") from None

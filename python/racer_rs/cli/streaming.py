@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from typing import Any, TextIO
+from racer_rs.errors import InvalidArgumentError
 
 #: ANSI colour for tokens that came from an accepted draft (green), and the reset code.
 DRAFTED_STYLE = "\x1b[32m"
@@ -73,7 +74,7 @@ class TerminalStreamer:
         tokens = [int(token) for token in tokens]
         flags = [False] * len(tokens) if drafted is None else [bool(flag) for flag in drafted]
         if len(flags) != len(tokens):
-            raise ValueError("drafted must have one flag per token")
+            raise InvalidArgumentError("drafted must have one flag per token")
         self.tokens += len(tokens)
         self.drafted_tokens += sum(flags)
         for start, stop, flag in _runs(flags):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from typing import TYPE_CHECKING, Any
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
 if TYPE_CHECKING:
     from racer_rs.drafters.base import Drafter
@@ -45,9 +46,9 @@ def make_drafter(method: str, model: Any, **options: Any) -> Drafter:
         TypeError: ``method`` is not a string.
     """
     if not isinstance(method, str):
-        raise TypeError(f"method must be a string, got {type(method).__name__}")
+        raise InvalidTypeError(f"method must be a string, got {type(method).__name__}")
     if method not in METHODS:
-        raise ValueError(f"method: unknown method {method!r}; available: {', '.join(METHODS)}")
+        raise InvalidArgumentError(f"method: unknown method {method!r}; available: {', '.join(METHODS)}")
     module_name, factory_name = METHODS[method].split(":")
     factory = getattr(importlib.import_module(module_name), factory_name)
     _check_options(method, factory, options)
@@ -61,6 +62,6 @@ def _check_options(method: str, factory: Any, options: dict[str, Any]) -> None:
     accepted = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL} - {"model"}
     unknown = sorted(set(options) - accepted)
     if unknown:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"unknown option(s) {', '.join(unknown)} for method {method!r}; accepted: {', '.join(sorted(accepted)) or 'none'}"
         )

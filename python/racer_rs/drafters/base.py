@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from racer_rs._native import DraftTree
+from racer_rs.errors import StateError
 
 if TYPE_CHECKING:
     import torch
@@ -217,7 +218,7 @@ class Drafter(ABC):
         with _CLAIMS:
             owner = self.__dict__.get("_request_thread")
             if owner is not None and owner != threading.get_ident():
-                raise RuntimeError(
+                raise StateError(
                     f"drafter {self.name!r} is serving a request in another thread; a "
                     f"{type(self).__name__} serves one request at a time (build one drafter per thread)"
                 )

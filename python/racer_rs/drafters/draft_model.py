@@ -22,6 +22,7 @@ import torch
 from racer_rs._native import DraftTree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart
 from racer_rs.engine.sampling import SamplingConfig, process_logits
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
 
 def check_draft_model(draft_model: Any) -> None:
@@ -33,19 +34,19 @@ def check_draft_model(draft_model: Any) -> None:
     from transformers import PreTrainedModel
 
     if draft_model is None:
-        raise TypeError("draft_model is required: pass draft_model=<a transformers causal LM>")
+        raise InvalidTypeError("draft_model is required: pass draft_model=<a transformers causal LM>")
     if not isinstance(draft_model, PreTrainedModel):
-        raise TypeError(f"draft_model must be a transformers PreTrainedModel, got {type(draft_model).__name__}")
+        raise InvalidTypeError(f"draft_model must be a transformers PreTrainedModel, got {type(draft_model).__name__}")
     if draft_model.config.is_encoder_decoder or draft_model.get_output_embeddings() is None:
-        raise TypeError(f"draft_model must be a decoder-only causal LM, got {type(draft_model).__name__}")
+        raise InvalidTypeError(f"draft_model must be a decoder-only causal LM, got {type(draft_model).__name__}")
 
 
 def check_positive_int(value: Any, name: str) -> int:
     """Return ``value`` if it is an int >= 1, else raise naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+        raise InvalidArgumentError(f"{name} must be >= 1, got {value}")
     return value
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from racer_rs._native import Automaton, LogitsTable, build_draft_tree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
+from racer_rs.errors import InvalidArgumentError
 
 
 class RacerDrafter(Drafter):
@@ -68,11 +69,11 @@ class RacerDrafter(Drafter):
     ) -> None:
         del model
         if tree not in ("halving", "scored"):
-            raise ValueError(f"tree must be 'halving' or 'scored', got {tree!r}")
+            raise InvalidArgumentError(f"tree must be 'halving' or 'scored', got {tree!r}")
         if not (use_retrieval or use_logits):
-            raise ValueError("use_retrieval and use_logits cannot both be False")
+            raise InvalidArgumentError("use_retrieval and use_logits cannot both be False")
         if top_k < 1:
-            raise ValueError(f"breadth (top_k) must be >= 1, got {top_k}")
+            raise InvalidArgumentError(f"breadth (top_k) must be >= 1, got {top_k}")
         self.use_retrieval = use_retrieval
         self.use_logits = use_logits
         self.persistent = persistent
@@ -80,7 +81,7 @@ class RacerDrafter(Drafter):
         self.top_k = top_k
         self.needs_topk = top_k if use_logits else 0
         if not 0.0 <= min_score <= 1.0:
-            raise ValueError(f"min_score must be in [0, 1], got {min_score}")
+            raise InvalidArgumentError(f"min_score must be in [0, 1], got {min_score}")
         self.scored = tree == "scored"
         self.min_score = float(min_score)
         self.needs_topk_probs = self.scored and use_logits

@@ -24,6 +24,7 @@ from racer_rs._native import DraftTree, build_draft_tree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
 from racer_rs.drafters.racer import RacerDrafter
 from racer_rs.drafters.tts import TTSDrafter
+from racer_rs.errors import InvalidTypeError
 
 
 def chain_nodes(tree: DraftTree, chain: np.ndarray) -> np.ndarray:
@@ -80,7 +81,7 @@ class RacerTTSDrafter(Drafter):
         asynchronous: bool = True,
     ) -> None:
         if not isinstance(adapt, bool):
-            raise TypeError(f"adapt must be a bool, got {type(adapt).__name__}")
+            raise InvalidTypeError(f"adapt must be a bool, got {type(adapt).__name__}")
         self.racer = RacerDrafter(
             model,
             ngram=ngram,

@@ -15,6 +15,7 @@ import numpy as np
 
 from racer_rs._native import LogitsTable
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
+from racer_rs.errors import InvalidArgumentError
 
 # The paper's 80-node, depth-6 template (plus the root) for k = 8, as parent indices in BFS
 # order; a node's rank is its position among its parent's children.
@@ -72,7 +73,7 @@ class TokenRecyclingDrafter(Drafter):
     def __init__(self, model: Any = None, breadth: int = 8, persistent: bool = False) -> None:
         del model
         if breadth < 1:
-            raise ValueError(f"breadth must be >= 1, got {breadth}")
+            raise InvalidArgumentError(f"breadth must be >= 1, got {breadth}")
         self.needs_topk = breadth
         self.persistent = persistent
         self.table: LogitsTable | None = None

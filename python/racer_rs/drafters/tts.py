@@ -29,6 +29,7 @@ from racer_rs.drafters.base import RequestStart, StepOutcome
 from racer_rs.drafters.draft_model import DraftModelDrafter, check_draft_model, check_positive_int
 from racer_rs.tts.online_loss import Canvas, DistillConfig, distill_step, make_optimizer, trainable_parameter_names
 from racer_rs.tts.update_worker import UpdateWorker
+from racer_rs.errors import InvalidTypeError
 
 
 def copy_sharing(draft: Any, target: Any) -> Any:
@@ -83,9 +84,9 @@ class TTSDrafter(DraftModelDrafter):
         check_draft_model(draft_model)
         self.update_every = check_positive_int(update_every, "update_every")
         if not isinstance(reset, bool):
-            raise TypeError(f"reset must be a bool, got {type(reset).__name__}")
+            raise InvalidTypeError(f"reset must be a bool, got {type(reset).__name__}")
         if not isinstance(asynchronous, bool):
-            raise TypeError(f"asynchronous must be a bool, got {type(asynchronous).__name__}")
+            raise InvalidTypeError(f"asynchronous must be a bool, got {type(asynchronous).__name__}")
         weights = position_weights if isinstance(position_weights, str) else tuple(position_weights)
         self.config = DistillConfig(lr=lr, lam=lam, position_weights=weights, gamma=gamma, mask=mask)
         names = trainable_parameter_names(draft_model, trainable, shared_with=model)
@@ -159,7 +160,7 @@ class TTSDrafter(DraftModelDrafter):
         if finished or self._worker is None or self._rounds % self.update_every:
             return
         if node_logits is None:
-            raise RuntimeError("the engine passed no node_logits to a drafter with needs_logits=True")
+            raise AssertionError("the engine passed no node_logits to a drafter with needs_logits=True")
         canvas = Canvas(
             prefix=self._prefix,
             input_ids=torch.as_tensor(np.asarray(canvas_tokens, dtype=np.int64), device=self._device),

@@ -41,6 +41,7 @@ from racer_rs.engine.sampling import (
 )
 from racer_rs.autosize.sizer import TreeSizer, subtree
 from racer_rs.engine.verifier import TreeVerifier, model_window, topk_with_probs
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError
 
 TIMING_KEYS = ("prefill", "draft", "verify", "forward", "bookkeeping", "total")
 
@@ -140,7 +141,7 @@ class _Streamer:
 
     def __init__(self, streamer: Any, prompt_ids: np.ndarray) -> None:
         if not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
-            raise TypeError("streamer must have put() and end() methods")
+            raise InvalidTypeError("streamer must have put() and end() methods")
         self._target = streamer
         self._hf = _is_hf_streamer(streamer)
         if self._hf:
@@ -293,14 +294,14 @@ class DecodeLoop:
         context.flags.writeable = False  # a view of the engine's buffer; drafters only read it
         proposal = self.drafter.propose(context, state.next_token, capacity)
         if not isinstance(proposal, Proposal) or not isinstance(proposal.tree, DraftTree):
-            raise TypeError(f"drafter {self.drafter.name!r} must return a Proposal holding a DraftTree")
+            raise InvalidTypeError(f"drafter {self.drafter.name!r} must return a Proposal holding a DraftTree")
         size = len(proposal.tree)
         if size > capacity:
-            raise ValueError(f"drafter {self.drafter.name!r} proposed {size} nodes for a capacity of {capacity}")
+            raise InvalidArgumentError(f"drafter {self.drafter.name!r} proposed {size} nodes for a capacity of {capacity}")
         if proposal.draft_probs is not None and (
             proposal.tree.max_depth != size - 1 or tuple(proposal.draft_probs.shape[:1]) != (size - 1,)
         ):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"drafter {self.drafter.name!r}: draft_probs needs a chain tree and one row per drafted node"
             )
         return proposal
@@ -315,7 +316,7 @@ class DecodeLoop:
         tokens, depths = tree.tokens, tree.depths
         n = len(tokens)
         if int(tokens[0]) != state.next_token:
-            raise ValueError(f"drafter {self.drafter.name!r} returned a tree whose root is not next_token")
+            raise InvalidArgumentError(f"drafter {self.drafter.name!r} returned a tree whose root is not next_token")
         state.tree_nodes += n
         model_seconds = self.verifier.model_seconds
         logits = self.verifier.forward_tree(tokens, depths, tree.attention_mask() if n > 1 else None)
@@ -492,7 +493,7 @@ def generate(
     auto = capacity == "auto"
     if not auto:
         if isinstance(capacity, str):
-            raise ValueError(f"capacity must be an int >= 1 or 'auto', got {capacity!r}")
+            raise InvalidArgumentError(f"capacity must be an int >= 1 or 'auto', got {capacity!r}")
         _check_int("capacity", capacity, minimum=1)
     _check_int("max_capacity", max_capacity, minimum=1)
     if seed is not None:
@@ -501,22 +502,22 @@ def generate(
     eos_ids = _eos_ids(eos_token_id)
     vocab = int(model.get_output_embeddings().weight.shape[0])
     if int(prompt.max()) >= vocab or int(prompt.min()) < 0:
-        raise ValueError(f"input_ids must be token ids in [0, {vocab})")
+        raise InvalidArgumentError(f"input_ids must be token ids in [0, {vocab})")
     window = model_window(model)
     if window is not None and len(prompt) + max_new_tokens > window:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"input_ids ({len(prompt)} tokens) plus max_new_tokens ({max_new_tokens}) exceed the model's "
             f"window of {window} positions"
         )
     if auto and window is not None and max_capacity >= window:
         # The cost curve is measured with trees of up to max_capacity tokens after a context.
-        raise ValueError(f"max_capacity ({max_capacity}) must be below the model's window of {window} positions")
+        raise InvalidArgumentError(f"max_capacity ({max_capacity}) must be below the model's window of {window} positions")
     if drafter is None:
         drafter = make_drafter(method, model, **method_options)
     elif not isinstance(drafter, Drafter):
-        raise TypeError(f"drafter must be a racer_rs Drafter, got {type(drafter).__name__}")
+        raise InvalidTypeError(f"drafter must be a racer_rs Drafter, got {type(drafter).__name__}")
     elif method_options:
-        raise ValueError(f"method options {sorted(method_options)} cannot be combined with a prebuilt drafter")
+        raise InvalidArgumentError(f"method options {sorted(method_options)} cannot be combined with a prebuilt drafter")
 
     generator = None
     if seed is not None:
@@ -581,35 +582,35 @@ def _cut(proposal: Proposal, keep: np.ndarray) -> Proposal:
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
 
 
 def _prompt_array(input_ids: Any) -> np.ndarray:
     """The prompt as ``int32[L]``; validates shape, type and batch size."""
     if isinstance(input_ids, torch.Tensor):
         if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-            raise TypeError(f"input_ids must hold integers, got dtype {input_ids.dtype}")
+            raise InvalidTypeError(f"input_ids must hold integers, got dtype {input_ids.dtype}")
         array = input_ids.detach().cpu().numpy()
     elif isinstance(input_ids, np.ndarray):
         if not np.issubdtype(input_ids.dtype, np.integer):
-            raise TypeError(f"input_ids must hold integers, got dtype {input_ids.dtype}")
+            raise InvalidTypeError(f"input_ids must hold integers, got dtype {input_ids.dtype}")
         array = input_ids
     elif isinstance(input_ids, (list, tuple)):
         if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in input_ids):
-            raise TypeError("input_ids must be a list of ints")
+            raise InvalidTypeError("input_ids must be a list of ints")
         array = np.asarray(input_ids, dtype=np.int64).reshape(-1)
     else:
-        raise TypeError(f"input_ids must be a list of ints or an integer tensor, got {type(input_ids).__name__}")
+        raise InvalidTypeError(f"input_ids must be a list of ints or an integer tensor, got {type(input_ids).__name__}")
     if array.ndim == 2:
         if array.shape[0] != 1:
-            raise NotImplementedError(f"input_ids: batch size {array.shape[0]} is not supported; only batch size 1")
+            raise UnsupportedError(f"input_ids: batch size {array.shape[0]} is not supported; only batch size 1")
         array = array[0]
     elif array.ndim != 1:
-        raise ValueError(f"input_ids must have shape [L] or [1, L], got {list(array.shape)}")
+        raise InvalidArgumentError(f"input_ids must have shape [L] or [1, L], got {list(array.shape)}")
     if array.size == 0:
-        raise ValueError("input_ids is empty: at least one prompt token is required")
+        raise InvalidArgumentError("input_ids is empty: at least one prompt token is required")
     return array.astype(np.int32)
 
 
@@ -622,4 +623,4 @@ def _eos_ids(eos_token_id: Any) -> tuple[int, ...]:
         isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in eos_token_id
     ):
         return tuple(int(t) for t in eos_token_id)
-    raise TypeError("eos_token_id must be None, an int, or a list of ints")
+    raise InvalidTypeError("eos_token_id must be None, an int, or a list of ints")

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
 
 @dataclass(frozen=True)
@@ -41,17 +42,17 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
-            raise TypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
+            raise InvalidTypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+            raise InvalidArgumentError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):
-            raise TypeError(f"top_p must be a number, got {type(self.top_p).__name__}")
+            raise InvalidTypeError(f"top_p must be a number, got {type(self.top_p).__name__}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
-            raise TypeError(f"top_k must be an int, got {type(self.top_k).__name__}")
+            raise InvalidTypeError(f"top_k must be an int, got {type(self.top_k).__name__}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise InvalidArgumentError(f"top_k must be >= 0, got {self.top_k}")
 
     @property
     def greedy(self) -> bool:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
+from racer_rs.errors import InvalidTypeError, UnsupportedError
 
 PREFILL_CHUNK = 512
 """Prompt positions per LM-head chunk when computing the prompt's top-k ids."""
@@ -32,14 +33,14 @@ def check_model(model: Any) -> None:
             cannot be compacted by row gathering).
     """
     if not isinstance(model, PreTrainedModel):
-        raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
+        raise InvalidTypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
     if model.config.is_encoder_decoder:
-        raise NotImplementedError(f"model: encoder-decoder models ({type(model).__name__}) are not supported")
+        raise UnsupportedError(f"model: encoder-decoder models ({type(model).__name__}) are not supported")
     if not model.can_generate() or model.get_output_embeddings() is None:
-        raise TypeError(f"model must be a causal LM with an LM head (e.g. *ForCausalLM), got {type(model).__name__}")
+        raise InvalidTypeError(f"model must be a causal LM with an LM head (e.g. *ForCausalLM), got {type(model).__name__}")
     unsupported = _unsupported_cache_layers(DynamicCache(config=model.config))
     if unsupported:
-        raise NotImplementedError(
+        raise UnsupportedError(
             f"model: {type(model).__name__} uses {', '.join(sorted(unsupported))} cache layers; "
             "tree verification needs full-attention key/value caches"
         )

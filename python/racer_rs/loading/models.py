@@ -24,15 +24,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from racer_rs import optional_deps
-from racer_rs.optional_deps import MissingDependencyError
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError, MissingDependencyError, ModelLoadError, ModelSpecError
 
 DTYPES = ("float32", "bfloat16", "float16")
 # "org/name" or "name": what a hub id looks like; anything else is treated as a local path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-class ModelSpecError(ValueError):
-    """A model spec names nothing loadable (a missing path, a file that is not a model)."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +101,7 @@ def resolve_model(spec: str) -> ModelSource:
             gives the install command), or a ``.gguf`` file without the ``gguf`` extra.
     """
     if not isinstance(spec, (str, Path)):
-        raise TypeError(f"model must be a name or a path, got {type(spec).__name__}")
+        raise InvalidTypeError(f"model must be a name or a path, got {type(spec).__name__}")
     spec = str(spec)
     if not spec.strip():
         raise ModelSpecError("model: empty name")
@@ -191,7 +187,7 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> tup
         ValueError: an unknown dtype.
     """
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     source = resolve_model(spec)
     check_dependencies(source)
     import torch
@@ -200,12 +196,12 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> tup
     try:
         folder = checkpoint_folder(source)
     except Exception as exc:  # a corrupt or unsupported file fails in many ways inside the reader
-        raise ModelSpecError(f"cannot load model {spec}: cannot convert the GGUF file: {_one_line(exc)}") from None
+        raise ModelLoadError(f"cannot load model {spec}: cannot convert the GGUF file: {_one_line(exc)}") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
         model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelSpecError(f"cannot load model {spec}: {_one_line(exc)}") from None
+        raise ModelLoadError(f"cannot load model {spec}: {_one_line(exc)}") from None
     return model.to(device).eval(), tokenizer
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from racer_rs._io import file_digest, staged_file, write_text_atomically
+from racer_rs.errors import InvalidArgumentError
 from racer_rs.selfdraft.model import self_draft
 
 __all__ = [
@@ -55,7 +56,7 @@ PROBE_RTOL = 2e-2
 PROBE_ATOL = 1e-3
 
 
-class DraftCheckpointError(ValueError):
+class DraftCheckpointError(InvalidArgumentError):
     """A self-draft checkpoint is missing, incomplete, corrupt, or made for another target."""
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = ["ReducedHead", "check_self_draft_target", "draft_vocabulary", "self_draft"]
 
@@ -82,10 +83,10 @@ def check_self_draft_target(target: Any) -> None:
     from transformers import PreTrainedModel
 
     if not isinstance(target, PreTrainedModel):
-        raise TypeError(f"a self-draft is cut from a transformers PreTrainedModel, got {type(target).__name__}")
+        raise InvalidTypeError(f"a self-draft is cut from a transformers PreTrainedModel, got {type(target).__name__}")
     missing = [path for path in _LAYOUT if _lookup(target, path) is None]
     if missing or not isinstance(target.model.layers, nn.ModuleList):
-        raise TypeError(
+        raise InvalidTypeError(
             f"self-draft supports Llama-style models (model.embed_tokens, model.layers, model.norm, "
             f"lm_head); {type(target).__name__} lacks {', '.join(missing) or 'a model.layers list'}"
         )
@@ -99,22 +100,22 @@ def draft_vocabulary(kept: Sequence[int] | torch.Tensor, vocab_size: int) -> tor
         ValueError: it is empty, repeats an id or holds an id outside ``[0, vocab_size)``.
     """
     if isinstance(kept, (str, bytes)) or not isinstance(kept, (Sequence, torch.Tensor)):
-        raise TypeError(f"vocab must be a sequence of token ids or None, got {type(kept).__name__}")
+        raise InvalidTypeError(f"vocab must be a sequence of token ids or None, got {type(kept).__name__}")
     if isinstance(kept, torch.Tensor):
         if kept.dtype.is_floating_point or kept.dtype == torch.bool or kept.dim() != 1:
-            raise TypeError("vocab must be a 1-D integer tensor of token ids")
+            raise InvalidTypeError("vocab must be a 1-D integer tensor of token ids")
         ids = kept.to(torch.long).cpu()
     else:
         if any(isinstance(i, bool) or not isinstance(i, int) for i in kept):
-            raise TypeError("vocab must hold int token ids")
+            raise InvalidTypeError("vocab must hold int token ids")
         ids = torch.tensor(list(kept), dtype=torch.long)
     if ids.numel() == 0:
-        raise ValueError("vocab must keep at least one token id")
+        raise InvalidArgumentError("vocab must keep at least one token id")
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
-        raise ValueError(f"vocab holds ids outside [0, {vocab_size}) (the target's vocabulary)")
+        raise InvalidArgumentError(f"vocab holds ids outside [0, {vocab_size}) (the target's vocabulary)")
     ids = ids.sort().values
     if bool((ids[1:] == ids[:-1]).any()):
-        raise ValueError("vocab repeats a token id")
+        raise InvalidArgumentError("vocab repeats a token id")
     return ids
 
 
@@ -140,9 +141,9 @@ def self_draft(target: Any, layers: int, vocab: Sequence[int] | torch.Tensor | N
     check_self_draft_target(target)
     total = int(target.config.num_hidden_layers)
     if isinstance(layers, bool) or not isinstance(layers, int):
-        raise TypeError(f"layers must be an int, got {type(layers).__name__}")
+        raise InvalidTypeError(f"layers must be an int, got {type(layers).__name__}")
     if not 1 <= layers <= total:
-        raise ValueError(f"layers must be in 1..{total} (the target's decoder layers), got {layers}")
+        raise InvalidArgumentError(f"layers must be in 1..{total} (the target's decoder layers), got {layers}")
     head = target.get_output_embeddings()
     kept = None if vocab is None else draft_vocabulary(vocab, int(head.weight.shape[0]))
 
@@ -161,7 +162,7 @@ def self_draft(target: Any, layers: int, vocab: Sequence[int] | torch.Tensor | N
     body.embed_tokens = target.model.embed_tokens
     draft.lm_head = head if kept is None else ReducedHead(head, kept)
     if _on_meta(draft):
-        raise TypeError(f"self-draft: {type(target).__name__} has parts outside the supported layout")
+        raise InvalidTypeError(f"self-draft: {type(target).__name__} has parts outside the supported layout")
     for module in (target.model.embed_tokens, head):
         module.requires_grad_(False)
     draft.generation_config = copy.deepcopy(target.generation_config)

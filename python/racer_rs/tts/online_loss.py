@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from racer_rs.errors import InvalidArgumentError
 
 MASK_MODES = ("full_canvas", "on_trajectory")
 WEIGHT_SCHEMES = ("exp", "uniform")
@@ -54,24 +55,24 @@ class DistillConfig:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a positive finite number, got {self.lr!r}")
+            raise InvalidArgumentError(f"lr must be a positive finite number, got {self.lr!r}")
         if not (isinstance(self.lam, (int, float)) and math.isfinite(self.lam) and self.lam >= 0):
-            raise ValueError(f"lam must be a finite number >= 0, got {self.lam!r}")
+            raise InvalidArgumentError(f"lam must be a finite number >= 0, got {self.lam!r}")
         if isinstance(self.position_weights, str):
             if self.position_weights not in WEIGHT_SCHEMES:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"position_weights must be one of {WEIGHT_SCHEMES} or a sequence of floats, "
                     f"got {self.position_weights!r}"
                 )
         else:
             values = tuple(float(v) for v in self.position_weights)
             if not values or any(not math.isfinite(v) or v < 0 for v in values) or not any(values):
-                raise ValueError("position_weights must be non-negative finite floats, not all zero")
+                raise InvalidArgumentError("position_weights must be non-negative finite floats, not all zero")
             object.__setattr__(self, "position_weights", values)
         if not (isinstance(self.gamma, (int, float)) and self.gamma > 0):
-            raise ValueError(f"gamma must be > 0, got {self.gamma!r}")
+            raise InvalidArgumentError(f"gamma must be > 0, got {self.gamma!r}")
         if self.mask not in MASK_MODES:
-            raise ValueError(f"mask must be one of {MASK_MODES}, got {self.mask!r}")
+            raise InvalidArgumentError(f"mask must be one of {MASK_MODES}, got {self.mask!r}")
 
 
 @dataclass
@@ -113,7 +114,7 @@ def canvas_mask(n_rows: int, n_accepted: int, mode: str, device: torch.device | 
         return torch.ones(n_rows, dtype=torch.float32, device=device)
     if mode == "on_trajectory":
         return (torch.arange(n_rows, device=device) <= n_accepted).to(torch.float32)
-    raise ValueError(f"mask must be one of {MASK_MODES}, got {mode!r}")
+    raise InvalidArgumentError(f"mask must be one of {MASK_MODES}, got {mode!r}")
 
 
 def row_weights(canvas: Canvas, config: DistillConfig) -> torch.Tensor:
@@ -173,7 +174,7 @@ def distill_loss(
         The scalar loss (float32).
     """
     if student_logits.shape != teacher_logits.shape:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"student_logits {tuple(student_logits.shape)} and teacher_logits "
             f"{tuple(teacher_logits.shape)} must have the same shape"
         )
@@ -186,7 +187,7 @@ def distill_loss(
     loss = (weights * kl).sum() / norm
     if lam > 0:
         if reference_logits is None:
-            raise ValueError("reference_logits is required when lam > 0")
+            raise InvalidArgumentError("reference_logits is required when lam > 0")
         log_r = torch.log_softmax(reference_logits.detach().float(), dim=-1)
         r = log_r.exp()
         kl_ref = (torch.xlogy(r, r) - _plogq(r, log_q)).sum(-1)
@@ -243,7 +244,7 @@ def distill_step(
         reference_logits = None
         if config.lam > 0:
             if reference is None:
-                raise ValueError("reference model is required when lam > 0")
+                raise InvalidArgumentError("reference model is required when lam > 0")
             with torch.no_grad():
                 reference_logits = canvas_logits(reference, canvas)
         logits = canvas_logits(model, canvas)
@@ -283,7 +284,7 @@ def trainable_parameter_names(
             if module is not None:
                 frozen_ids |= {id(p) for p in module.parameters()}
     elif isinstance(trainable, str) and trainable != "all":
-        raise ValueError(
+        raise InvalidArgumentError(
             f"trainable must be 'all', 'no_embeddings' or a sequence of parameter-name prefixes, got {trainable!r}"
         )
     prefixes = None if isinstance(trainable, str) else tuple(trainable)
@@ -295,5 +296,5 @@ def trainable_parameter_names(
             continue
         names.append(name)
     if not names:
-        raise ValueError(f"trainable={trainable!r} selects no trainable parameter of the draft")
+        raise InvalidArgumentError(f"trainable={trainable!r} selects no trainable parameter of the draft")
     return names

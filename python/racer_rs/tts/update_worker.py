@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 import torch
+from racer_rs.errors import StateError
 
 Job = TypeVar("Job")
 
@@ -69,7 +70,7 @@ class UpdateWorker(Generic[Job]):
     def submit(self, job: Job) -> None:
         """Publish the update in flight (waiting for it if needed), then start one on ``job``."""
         if self._closed:
-            raise RuntimeError("UpdateWorker.submit called after close()")
+            raise StateError("UpdateWorker.submit called after close()")
         self._publish_pending()
         self.submitted += 1
         if not self.asynchronous:
@@ -89,7 +90,7 @@ class UpdateWorker(Generic[Job]):
     def flush(self) -> None:
         """Publish the update in flight, if any (waits for it)."""
         if self._closed:
-            raise RuntimeError("UpdateWorker.flush called after close()")
+            raise StateError("UpdateWorker.flush called after close()")
         self._publish_pending()
 
     def close(self, *, discard: bool = False) -> None:

@@ -54,12 +54,13 @@ from racer_rs.selfdraft.checkpoint import (
     target_probe,
 )
 from racer_rs.selfdraft.model import check_self_draft_target, self_draft
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
 WORK = "work"
 Progress = Callable[[str], None]
 
 
-class DistillError(ValueError):
+class DistillError(InvalidArgumentError):
     """The output folder cannot hold this distillation (foreign files, other settings or target)."""
 
 
@@ -139,13 +140,13 @@ def distill_self_draft(
     if settings is None:
         settings = DistillSettings(**options)
     elif options:
-        raise TypeError("pass either settings or keyword options, not both")
+        raise InvalidTypeError("pass either settings or keyword options, not both")
     check_self_draft_target(target)
     if settings.layers > target.config.num_hidden_layers:
-        raise ValueError(f"layers must be <= {target.config.num_hidden_layers} (the target's layers), got {settings.layers}")
+        raise InvalidArgumentError(f"layers must be <= {target.config.num_hidden_layers} (the target's layers), got {settings.layers}")
     vocab_size = int(target.get_output_embeddings().weight.shape[0])
     if settings.vocab is not None and settings.vocab > vocab_size:
-        raise ValueError(f"vocab must be <= {vocab_size} (the target's vocabulary), got {settings.vocab}")
+        raise InvalidArgumentError(f"vocab must be <= {vocab_size} (the target's vocabulary), got {settings.vocab}")
     ordered = _order_prompts(prompts, settings)
     say = progress or (lambda line: None)
     run = _Run(target, ordered, Path(out), settings, target_name, tuple(eos_token_ids), tuple(keep_tokens), say)
@@ -166,14 +167,14 @@ def check_output_folder(out: str | Path) -> None:
 
 def _order_prompts(prompts: Sequence[Sequence[int]], settings: DistillSettings) -> list[list[int]]:
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-        raise TypeError("prompts must be a sequence of token-id sequences")
+        raise InvalidTypeError("prompts must be a sequence of token-id sequences")
     cleaned = []
     for prompt in prompts:
         if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence) or not prompt:
-            raise ValueError("every prompt must be a non-empty sequence of token ids")
+            raise InvalidArgumentError("every prompt must be a non-empty sequence of token ids")
         cleaned.append([int(t) for t in prompt][-settings.max_prompt_tokens :])
     if len(cleaned) < 2 * settings.batch_size:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"need at least {2 * settings.batch_size} prompts (two batches: one held out), got {len(cleaned)}"
         )
     order = torch.randperm(len(cleaned), generator=torch.Generator().manual_seed(settings.seed)).tolist()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
 #: Settings that may change between the runs of one distillation (the rest must match to resume).
 RUN_ONLY = ("minutes", "save_every", "report_every")
@@ -63,13 +64,13 @@ class DistillSettings:
         _positive_number("report_every", self.report_every)
         _number("temperature", self.temperature)
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise InvalidArgumentError(f"temperature must be >= 0, got {self.temperature}")
         _number("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p}")
         _number("data_share", self.data_share)
         if not 0 < self.data_share < 1:
-            raise ValueError(f"data_share must be in (0, 1), got {self.data_share}")
+            raise InvalidArgumentError(f"data_share must be in (0, 1), got {self.data_share}")
 
     @property
     def budget_seconds(self) -> float:
@@ -82,25 +83,25 @@ class DistillSettings:
 
 def _number(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+        raise InvalidTypeError(f"{name} must be a number, got {type(value).__name__}")
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
+        raise InvalidArgumentError(f"{name} must be finite, got {value}")
 
 
 def _positive_number(name: str, value: Any) -> None:
     _number(name, value)
     if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
+        raise InvalidArgumentError(f"{name} must be > 0, got {value}")
 
 
 def _non_negative_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
+        raise InvalidArgumentError(f"{name} must be >= 0, got {value}")
 
 
 def _positive_int(name: str, value: Any) -> None:
     _non_negative_int(name, value)
     if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+        raise InvalidArgumentError(f"{name} must be >= 1, got {value}")
