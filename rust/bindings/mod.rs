@@ -2,8 +2,11 @@
 
 mod arrays;
 mod automaton;
+mod draft;
+mod edge_cells;
 mod errors;
 mod logits_table;
+mod lookup;
 mod tree;
 
 use pyo3::prelude::*;
@@ -13,9 +16,15 @@ mod _native {
     #[pymodule_export]
     use super::automaton::PyAutomaton;
     #[pymodule_export]
-    use super::logits_table::{PyLogitsTable, build_draft_tree};
+    use super::draft::build_draft_tree;
     #[pymodule_export]
-    use super::tree::{PyDraftTree, edge_cell_priors, prompt_lookup};
+    use super::edge_cells::edge_cell_priors;
+    #[pymodule_export]
+    use super::logits_table::PyLogitsTable;
+    #[pymodule_export]
+    use super::lookup::prompt_lookup;
+    #[pymodule_export]
+    use super::tree::PyDraftTree;
 
     use pyo3::prelude::*;
 

@@ -1,11 +1,10 @@
-//! `DraftTree` and `prompt_lookup` for Python.
+//! `DraftTree` for Python.
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use super::arrays::{Int, array1, at_least, token_arg};
-use crate::edge_cells;
+use super::arrays::{array1, token_arg};
 use crate::tree::DraftTree;
 
 /// A draft tree flattened in BFS order (root at index 0, parents before children).
@@ -107,32 +106,4 @@ impl PyDraftTree {
             .inner
             .greedy_accept(token_arg(predicted, "predicted")?.as_slice())?)
     }
-}
-
-/// Prompt lookup: the tokens that followed the latest earlier occurrence of the longest
-/// matching context suffix n-gram (``max_ngram`` down to ``min_ngram``); empty if none.
-#[pyfunction]
-#[pyo3(signature = (context, *, max_ngram = Int(3), min_ngram = Int(1), num_pred = Int(10)))]
-#[pyo3(text_signature = "(context, *, max_ngram=3, min_ngram=1, num_pred=10)")]
-pub(crate) fn prompt_lookup<'py>(
-    py: Python<'py>,
-    context: &Bound<'py, PyAny>,
-    max_ngram: Int,
-    min_ngram: Int,
-    num_pred: Int,
-) -> PyResult<Bound<'py, PyArray1<i32>>> {
-    let max_ngram = at_least(max_ngram, 1, "max_ngram")?;
-    let min_ngram = at_least(min_ngram, 1, "min_ngram")?;
-    let num_pred = at_least(num_pred, 1, "num_pred")?;
-    let ctx = token_arg(context, "context")?;
-    let slice = ctx.as_slice();
-    let found =
-        py.detach(|| crate::lookup::prompt_lookup(slice, max_ngram, min_ngram, num_pred))?;
-    Ok(array1(py, found))
-}
-
-/// ``float32[EDGE_CELLS]``: the prior acceptance probability of every edge cell.
-#[pyfunction]
-pub(crate) fn edge_cell_priors(py: Python<'_>) -> Bound<'_, PyArray1<f32>> {
-    PyArray1::from_vec(py, edge_cells::priors())
 }

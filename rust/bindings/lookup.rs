@@ -1,0 +1,28 @@
+//! `prompt_lookup` for Python.
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+
+use super::arrays::{Int, array1, at_least, token_arg};
+
+/// Prompt lookup: the tokens that followed the latest earlier occurrence of the longest
+/// matching context suffix n-gram (``max_ngram`` down to ``min_ngram``); empty if none.
+#[pyfunction]
+#[pyo3(signature = (context, *, max_ngram = Int(3), min_ngram = Int(1), num_pred = Int(10)))]
+#[pyo3(text_signature = "(context, *, max_ngram=3, min_ngram=1, num_pred=10)")]
+pub(crate) fn prompt_lookup<'py>(
+    py: Python<'py>,
+    context: &Bound<'py, PyAny>,
+    max_ngram: Int,
+    min_ngram: Int,
+    num_pred: Int,
+) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    let max_ngram = at_least(max_ngram, 1, "max_ngram")?;
+    let min_ngram = at_least(min_ngram, 1, "min_ngram")?;
+    let num_pred = at_least(num_pred, 1, "num_pred")?;
+    let ctx = token_arg(context, "context")?;
+    let slice = ctx.as_slice();
+    let found =
+        py.detach(|| crate::lookup::prompt_lookup(slice, max_ngram, min_ngram, num_pred))?;
+    Ok(array1(py, found))
+}
