@@ -19,8 +19,8 @@ from typing import Any
 from racer_rs.cli import common
 from racer_rs.bench.prompts import load_benchmark
 from racer_rs.cli.errors import EXIT_MISMATCH, CLIError
-from racer_rs.cli.loading import eos_token_ids
 from racer_rs.cli.options import parse_options
+from racer_rs.loading.models import eos_token_ids
 from racer_rs.bench.report import build_report, format_table, mismatched_records, summarise, write_json
 from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
 from racer_rs.bench.runner import PEERS, BenchConfig, BenchmarkRunner, Record, Setting, parse_capacity, split_label

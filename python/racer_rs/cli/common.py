@@ -209,7 +209,8 @@ class LoadedModels:
     """
 
     def __init__(self, args: argparse.Namespace, methods: Sequence[str], draft_required: bool = True) -> None:
-        from racer_rs.cli.loading import check_model, load_model, resolve_device, resolve_dtype
+        from racer_rs.cli.loading import check_model, load_model
+        from racer_rs.loading.devices import resolve_device, resolve_dtype
         from racer_rs.cli.resources import DEFAULT_DRAFTS, DEFAULT_TARGET_MODEL
 
         self.model_path: str = args.model or DEFAULT_TARGET_MODEL

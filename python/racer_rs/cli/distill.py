@@ -90,7 +90,9 @@ def _prompt_files(args: argparse.Namespace) -> list[str]:
 
 
 def _run(args: argparse.Namespace, files: list[str]) -> int:
-    from racer_rs.cli.loading import check_model, eos_token_ids, load_model, resolve_device
+    from racer_rs.cli.loading import check_model, load_model
+    from racer_rs.loading.devices import resolve_device
+    from racer_rs.loading.models import eos_token_ids
     from racer_rs.cli.resources import DEFAULT_TARGET_MODEL
     from racer_rs.selfdraft.distillation import DistillSettings, distill_self_draft
 

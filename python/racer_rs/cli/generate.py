@@ -11,8 +11,8 @@ from typing import Any
 from racer_rs.cli import common
 from racer_rs.cli.errors import CLIError, one_line
 from racer_rs.errors import error_context
-from racer_rs.cli.loading import eos_token_ids
 from racer_rs.cli.options import parse_options
+from racer_rs.loading.models import eos_token_ids
 from racer_rs.bench.prompting import encode_conversation, encode_text, has_chat_template
 from racer_rs.cli.streaming import TerminalStreamer, use_color
 

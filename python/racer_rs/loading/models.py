@@ -207,3 +207,16 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> tup
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int] | None:
+    """Collect the end-of-sequence ids from the generation config and the tokenizer."""
+    ids: list[int] = []
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (config_eos, getattr(tokenizer, "eos_token_id", None)):
+        if value is None:
+            continue
+        for token in value if isinstance(value, (list, tuple)) else [value]:
+            if int(token) not in ids:
+                ids.append(int(token))
+    return ids or None
