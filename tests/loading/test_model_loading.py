@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+import racer_rs  # noqa: E402
 pytest.importorskip("gguf")
 
 from racer_rs import optional_deps
@@ -283,6 +284,29 @@ def test_bad_specs_raise_one_clear_error(tmp_path, make, message):
 def _write(path: Path) -> Path:
     path.write_bytes(b"x")
     return path
+
+
+@pytest.mark.parametrize("spec", ["qwen2.5-coder-0.5b-instruct", "smollm2-135m", "dd_okk", "gpt2"])
+def test_a_bare_name_that_is_no_preset_is_an_unknown_name_not_a_hub_lookup(spec, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # no folder of that name here
+    with pytest.raises(ModelSpecError, match=rf"unknown model name '{spec}'.*smollm2-135m-instruct.*org/name"):
+        resolve_model(spec)
+
+
+def test_only_org_name_specs_go_to_the_hub(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct").kind == "hub"
+    with pytest.raises(ModelSpecError, match="model not found"):
+        resolve_model("a/b/c")
+
+
+def test_load_model_takes_a_torch_dtype_as_well_as_its_name(gguf_file):
+    model, _ = load_model(str(gguf_file[0]), dtype=torch.bfloat16)
+    assert next(model.parameters()).dtype == torch.bfloat16
+    with pytest.raises(racer_rs.InvalidArgumentError, match="dtype must be one of"):
+        load_model(str(gguf_file[0]), dtype=torch.int8)
+    with pytest.raises(racer_rs.InvalidArgumentError, match="dtype must be one of"):
+        load_model(str(gguf_file[0]), dtype=None)
 
 
 def test_a_spec_of_the_wrong_type_is_a_type_error():

@@ -27,8 +27,9 @@ from racer_rs import optional_deps
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, MissingDependencyError, ModelLoadError, ModelSpecError
 
 DTYPES = ("float32", "bfloat16", "float16")
-# "org/name" or "name": what a hub id looks like; anything else is treated as a local path.
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+# "org/name": what a hub id looks like. A bare name that is neither a path nor a preset is an
+# unknown name (a typo), never a hub lookup that would spend its time on network retries.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass(frozen=True)
@@ -122,11 +123,16 @@ def resolve_model(spec: str) -> ModelSource:
         if path.suffix.lower() != ".gguf":
             raise ModelSpecError(f"{spec} is a file but not a .gguf checkpoint (give a folder or a .gguf file)")
         return ModelSource(spec, "gguf", str(path))
+    names = ", ".join(KNOWN_MODELS)
+    if "/" not in spec and "\\" not in spec and not spec.startswith((".", "~")) and not spec.lower().endswith(".gguf"):
+        raise ModelSpecError(
+            f"unknown model name {spec!r}: not a preset ({names}), and no folder or file of that name exists; "
+            "a hub model is given as org/name"
+        )
     # "models/typo" next to an existing "models/" folder is a local path, not a hub id.
     looks_local = spec.startswith((".", "/", "~")) or spec.lower().endswith(".gguf")
     looks_local = looks_local or (path.parent != Path(".") and path.parent.is_dir())
     if looks_local or not _HUB_ID.match(spec):
-        names = ", ".join(KNOWN_MODELS)
         raise ModelSpecError(f"model not found: {spec} (not a folder, a .gguf file, or a known name: {names})")
     return ModelSource(spec, "hub", spec)
 
@@ -169,14 +175,14 @@ def checkpoint_folder(source: ModelSource) -> str:
     return str(gguf_cache.converted_checkpoint(source.location))
 
 
-def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
+def load_model(spec: str | Path, *, dtype: Any = "float32", device: Any = "cpu") -> tuple[Any, Any]:
     """Load a causal LM (eval mode) and its tokenizer.
 
     Args:
         spec: a short name, a checkpoint folder, a ``.gguf`` file or a hub id (see the module
             docstring).
-        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
-        device: a torch device string.
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``, or the ``torch.dtype`` itself.
+        device: a torch device or its name.
 
     Returns:
         ``(model, tokenizer)``.
@@ -184,10 +190,9 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> tup
     Raises:
         ModelSpecError: the spec names nothing loadable, or transformers cannot load it.
         MissingDependencyError: a package or extra the model needs is not installed.
-        ValueError: an unknown dtype.
+        InvalidArgumentError: an unknown dtype.
     """
-    if dtype not in DTYPES:
-        raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    dtype = dtype_name(dtype)
     source = resolve_model(spec)
     check_dependencies(source)
     import torch
@@ -203,6 +208,21 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> tup
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load model {spec}: {_one_line(exc)}") from None
     return model.to(device).eval(), tokenizer
+
+
+def dtype_name(dtype: Any) -> str:
+    """The name in :data:`DTYPES` of a dtype given as a name or as a ``torch.dtype``.
+
+    Raises:
+        InvalidArgumentError: any other value.
+    """
+    # str(torch.bfloat16) is "torch.bfloat16"; torch need not be imported to read it.
+    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    if name not in DTYPES or not (isinstance(dtype, str) or type(dtype).__module__ == "torch"):
+        raise InvalidArgumentError(
+            f"dtype must be one of {', '.join(DTYPES)} (a name or the torch.dtype), got {dtype!r}"
+        )
+    return name
 
 
 def _one_line(exc: BaseException) -> str:
