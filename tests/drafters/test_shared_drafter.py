@@ -103,23 +103,39 @@ def test_a_persistent_racer_drafter_shared_by_two_threads_is_safe() -> None:
     assert len(drafter.automaton) > 0 and len(drafter.table) > 0  # both requests' tokens were indexed
 
 
-def test_each_thread_sees_its_own_edge_calibration() -> None:
-    # The engine sets a shared drafter's calibration before every propose; with two requests in
-    # two threads, one request's setting (or clearing) must not reach the other's drafts.
-    drafter = make_drafter("racer_scored", tiny_model("llama"), persistent=True)
-    mine = np.full(racer_rs.EDGE_CELLS, 0.25, dtype=np.float32)
-    drafter.edge_calibration = mine
-    seen: list[Any] = []
+def test_concurrent_requests_draft_with_their_own_edge_calibration() -> None:
+    # The engine passes each request's calibration to propose (no state on a shared drafter):
+    # two threads drafting from one persistent drafter with opposite calibrations each get the
+    # tree their own calibration asks for.
+    import torch
 
-    def other_request() -> None:
-        seen.append(drafter.edge_calibration)
-        drafter.edge_calibration = None  # as generate() clears it when its request ends
+    model = tiny_model("llama")
+    drafter = make_drafter("racer_scored", model, persistent=True, min_score=0.05)
+    context = np.asarray(REPEATING_PROMPT, dtype=np.int32)
+    vocab = model.config.vocab_size
+    drafter.begin(
+        RequestStart(context, None, torch.zeros(vocab), vocab, torch.device("cpu"), torch.float32)
+    )
+    trust_all = np.full(racer_rs.EDGE_CELLS, 0.9, dtype=np.float32)
+    trust_none = np.full(racer_rs.EDGE_CELLS, 0.01, dtype=np.float32)  # below min_score: root only
+    expected = {
+        "all": drafter.propose(context, 8, 16, edge_calibration=trust_all).tree.tokens.tolist(),
+        "none": drafter.propose(context, 8, 16, edge_calibration=trust_none).tree.tokens.tolist(),
+    }
+    assert len(expected["all"]) > 1 and expected["none"] == [8]
+    seen: dict[str, list[list[int]]] = {"all": [], "none": []}
 
-    other = threading.Thread(target=other_request)
-    other.start()
-    other.join()
-    assert seen == [None]
-    assert drafter.edge_calibration is mine
+    def request(name: str, calibration: np.ndarray) -> None:
+        for _ in range(50):
+            seen[name].append(drafter.propose(context, 8, 16, edge_calibration=calibration).tree.tokens.tolist())
+
+    threads = [threading.Thread(target=request, args=args) for args in (("all", trust_all), ("none", trust_none))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert seen["all"] == [expected["all"]] * 50
+    assert seen["none"] == [expected["none"]] * 50
 
 
 def test_a_drafter_with_per_request_state_fails_the_same_check() -> None:

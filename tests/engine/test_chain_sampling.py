@@ -37,9 +37,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from racer_rs import DraftTree  # noqa: E402
-from racer_rs.engine import generation  # noqa: E402
+from racer_rs.engine import acceptance  # noqa: E402
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart  # noqa: E402
-from racer_rs.engine.generation import DecodeLoop, DecodeState, Verification  # noqa: E402
+from racer_rs.engine.capacity import FixedCapacity  # noqa: E402
+from racer_rs.engine.decode_loop import DecodeLoop, DecodeState, Verification, Verified  # noqa: E402
 from racer_rs.engine.sampling import SamplingConfig, _inverse_cdf, chain_speculative_sample, process_logits  # noqa: E402
 from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
 from tests.stats import chi_square_pvalue  # noqa: E402
@@ -238,9 +239,9 @@ class EngineRun:
 class CommitOneDraftTooManyLoop(DecodeLoop):
     """A deliberately wrong engine: commits the first rejected draft as if it were accepted."""
 
-    def verify(self, state: DecodeState, proposal: Proposal) -> Verification:
-        verification = super().verify(state, proposal)
-        if len(verification.path) < len(proposal.tree):
+    def accept(self, state: DecodeState, verified: Verified) -> Verification:
+        verification = super().accept(state, verified)
+        if len(verification.path) < len(verified.step.proposal.tree):
             verification.path = [*verification.path, len(verification.path)]
         return verification
 
@@ -259,10 +260,10 @@ def engine_run(monkeypatch: pytest.MonkeyPatch, loop_class: type[DecodeLoop]) ->
         run.calls.append((target_logits.clone(), draft_probs.clone(), draft_tokens.tolist(), decision.tolist()))
         return decision
 
-    monkeypatch.setattr(generation, "chain_speculative_sample", spy)
+    monkeypatch.setattr(acceptance, "chain_speculative_sample", spy)
     verifier = TreeVerifier(model)
     generator = torch.Generator().manual_seed(5)
-    loop = loop_class(verifier, BigramChainDrafter(table), SamplingConfig(temperature=1.0), 16, (), generator, None)
+    loop = loop_class(verifier, BigramChainDrafter(table), SamplingConfig(temperature=1.0), FixedCapacity(16), (), generator, None)
     run.state = loop.run(np.asarray(ENGINE_PROMPT, dtype=np.int32), max_new_tokens=40)
     return run
 

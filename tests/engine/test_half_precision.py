@@ -32,7 +32,7 @@ pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
 from racer_rs.engine import generation  # noqa: E402
-from racer_rs.engine.generation import DecodeLoop, DecodeState  # noqa: E402
+from racer_rs.engine.decode_loop import DecodeLoop, DecodeState, Verification, Verified  # noqa: E402
 from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
 from tests.helpers import FAMILIES, REPEATING_PROMPT, random_prompt, tiny_model  # noqa: E402
 
@@ -154,16 +154,15 @@ class AcceptsOneWrongDraftLoop(DecodeLoop):
 
     corrupted = False
 
-    def _walk(
-        self, state: DecodeState, tree: racer_rs.DraftTree, logits: Any, predicted: Any, valid: Any
-    ) -> tuple[list[int], int]:
-        path, bonus = super()._walk(state, tree, logits, predicted, valid)
+    def accept(self, state: DecodeState, verified: Verified) -> Verification:
+        verification = super().accept(state, verified)
+        tree, predicted = verified.step.proposal.tree, verified.host["predicted"]
         children = np.flatnonzero(tree.parents == 0)
         wrong = [int(c) for c in children if int(tree.tokens[c]) != int(predicted[0])]
         if not AcceptsOneWrongDraftLoop.corrupted and state.generated >= 5 and wrong:
             AcceptsOneWrongDraftLoop.corrupted = True
-            return [0, wrong[0]], int(predicted[wrong[0]])
-        return path, bonus
+            verification.path, verification.bonus = [0, wrong[0]], int(predicted[wrong[0]])
+        return verification
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bfloat16", "float16"])

@@ -31,7 +31,8 @@ import racer_rs  # noqa: E402
 from racer_rs import DraftTree  # noqa: E402
 from racer_rs.drafters import make_drafter  # noqa: E402
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart  # noqa: E402
-from racer_rs.engine.generation import DecodeLoop, DecodeState  # noqa: E402
+from racer_rs.engine.capacity import FixedCapacity  # noqa: E402
+from racer_rs.engine.decode_loop import DecodeLoop, DecodeState, Verification, Verified  # noqa: E402
 from racer_rs.engine.sampling import (  # noqa: E402
     CANDIDATES,
     SamplingConfig,
@@ -83,7 +84,7 @@ def run_loop(
     multi = 0
     for seed in range(runs):
         generator = torch.Generator().manual_seed(seed)
-        loop = loop_class(verifier, drafter, CONFIG, 16, (), generator, None)
+        loop = loop_class(verifier, drafter, CONFIG, FixedCapacity(16), (), generator, None)
         state = loop.run(np.asarray(PROMPT, dtype=np.int32), max_new_tokens=FIRST + 1)
         counts[tuple(state.context[len(PROMPT) : len(PROMPT) + FIRST].tolist())] += 1
         multi += state.accepted_lengths[0] > 1
@@ -93,9 +94,11 @@ def run_loop(
 class ResampleAfterMismatchLoop(DecodeLoop):
     """The reference code's lossy rule: after a mismatch, emit a FRESH sample, not the mismatching one."""
 
-    def _walk(self, state: DecodeState, tree: DraftTree, logits: Any, predicted: Any, valid: Any) -> tuple[list[int], int]:
-        path, _ = super()._walk(state, tree, logits, predicted, valid)
-        return path, resample_node(logits[path[-1]], self.sampling, self.generator)
+    def accept(self, state: DecodeState, verified: Verified) -> Verification:
+        verification = super().accept(state, verified)
+        last = verification.path[-1]
+        verification.bonus = resample_node(verified.step.logits[last], self.sampling, self.generator)
+        return verification
 
 
 def test_sampled_first_tokens_follow_the_exact_distribution(model: torch.nn.Module, exact: dict) -> None:

@@ -12,7 +12,8 @@ from transformers import DynamicCache  # noqa: E402
 
 from racer_rs import DraftTree  # noqa: E402
 from racer_rs.drafters import make_drafter  # noqa: E402
-from racer_rs.engine.generation import DecodeLoop  # noqa: E402
+from racer_rs.engine.capacity import FixedCapacity  # noqa: E402
+from racer_rs.engine.decode_loop import DecodeLoop  # noqa: E402
 from racer_rs.engine.sampling import SamplingConfig  # noqa: E402
 from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
 from tests.helpers import FAMILIES, REPEATING_PROMPT, random_prompt, tiny_model  # noqa: E402
@@ -139,7 +140,7 @@ def decode_checking_the_cache(
     context after every step; returns the number of steps that gathered drafted rows."""
     drafter = make_drafter("racer", model)
     generator = torch.Generator().manual_seed(0)
-    loop = DecodeLoop(verifier, drafter, SamplingConfig(temperature=temperature), 16, (), generator, None)
+    loop = DecodeLoop(verifier, drafter, SamplingConfig(temperature=temperature), FixedCapacity(16), (), generator, None)
     state = loop.prefill(np.asarray(REPEATING_PROMPT, dtype=np.int32), max_new_tokens=new_tokens)
     while not state.finished:
         loop.step(state)

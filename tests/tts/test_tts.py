@@ -26,7 +26,7 @@ from racer_rs.tts.online_loss import (  # noqa: E402
 )
 from racer_rs.tts.update_worker import THREAD_NAME_PREFIX, UpdateWorker  # noqa: E402
 from racer_rs.engine import generation  # noqa: E402
-from racer_rs.engine.generation import DecodeLoop  # noqa: E402
+from racer_rs.engine.decode_loop import DecodeLoop  # noqa: E402
 from racer_rs.engine.sampling import SamplingConfig, resample_node  # noqa: E402
 from tests.helpers import plain_greedy, plain_sampling, seeded_llama  # noqa: E402
 
@@ -467,9 +467,11 @@ def test_racer_tts_greedy_output_equals_plain_greedy(pair, options: dict) -> Non
 class ResampleAfterMismatchLoop(DecodeLoop):
     """A lossy walk: after a mismatch, emit a fresh sample instead of the mismatching one."""
 
-    def _walk(self, state, tree, logits, predicted, valid):  # type: ignore[no-untyped-def]
-        path, _ = super()._walk(state, tree, logits, predicted, valid)
-        return path, resample_node(logits[path[-1]], self.sampling, self.generator)
+    def accept(self, state, verified):  # type: ignore[no-untyped-def]
+        verification = super().accept(state, verified)
+        last = verification.path[-1]
+        verification.bonus = resample_node(verified.step.logits[last], self.sampling, self.generator)
+        return verification
 
 
 def racer_tts_sampled_equals_plain_sampling(pair) -> list[bool]:  # type: ignore[no-untyped-def]

@@ -157,26 +157,6 @@ class Drafter(ABC):
     needs_logits: bool = False
     needs_topk_probs: bool = False
 
-    @property
-    def edge_calibration(self) -> np.ndarray | None:
-        """With ``capacity="auto"``, the calibrated acceptance probability of each edge cell
-        (``float32[EDGE_CELLS]``, see :mod:`racer_rs.autosize.calibration`), set by the engine before
-        every ``propose``; a drafter that grows its tree by estimated probability should grow it
-        by these. ``None`` otherwise. Kept per thread: concurrent requests sharing a drafter
-        each see their own."""
-        return getattr(self._per_thread(), "edge_calibration", None)
-
-    @edge_calibration.setter
-    def edge_calibration(self, value: np.ndarray | None) -> None:
-        self._per_thread().edge_calibration = value
-
-    def _per_thread(self) -> threading.local:
-        # Created on first use: subclasses need not call a base __init__.
-        state = self.__dict__.get("_thread_state")
-        if state is None:
-            state = self.__dict__.setdefault("_thread_state", threading.local())
-        return state
-
     def begin(self, request: RequestStart) -> None:  # noqa: B027 - optional hook
         """Start a new request."""
 
@@ -188,6 +168,12 @@ class Drafter(ABC):
             context: every committed token so far (prompt + generated), ``int32``; read-only.
             next_token: the token the target produced last; not yet in ``context``.
             capacity: the most nodes the tree may have, root included (>= 1).
+
+        A drafter that grows its tree by estimated acceptance probability may also take a
+        keyword ``edge_calibration: np.ndarray | None``: with ``capacity="auto"`` the engine
+        passes the calibrated acceptance probability of every edge cell
+        (``float32[EDGE_CELLS]``, see :mod:`racer_rs.autosize.calibration`), else ``None``.
+        The engine passes it only to a ``propose`` whose signature has that parameter.
 
         Returns:
             The proposal; its tree's root token must be ``next_token``.

@@ -102,8 +102,11 @@ class RacerDrafter(Drafter):
         if self.use_logits and request.prompt_topk is not None:
             self.table.update(request.prompt_topk_tokens, request.prompt_topk, request.prompt_topk_probs)
 
-    def propose(self, context: np.ndarray, next_token: int, capacity: int) -> Proposal:
-        """Retrieval paths first, then the logits tree fills the remaining budget."""
+    def propose(
+        self, context: np.ndarray, next_token: int, capacity: int, edge_calibration: np.ndarray | None = None
+    ) -> Proposal:
+        """Retrieval paths first, then the logits tree fills the remaining budget (scored trees:
+        best first by estimated path probability, calibrated per edge cell when given)."""
         assert self.table is not None, "begin() must be called first"
         tree = build_draft_tree(
             self.automaton,
@@ -115,7 +118,7 @@ class RacerDrafter(Drafter):
             exempt_depth=self.exempt_depth,
             scored=self.scored,
             min_score=self.min_score,
-            calibration=self.edge_calibration if self.scored else None,
+            calibration=edge_calibration if self.scored else None,
         )
         return Proposal(tree)
 
