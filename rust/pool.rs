@@ -319,11 +319,14 @@ impl DraftPool {
             + self.no_logits.as_ref().map_or(0, LogitsTable::memory_bytes)
     }
 
-    /// Remove every request.
+    /// Remove every request, releasing the map's memory too.
     pub fn clear(&self) {
         let mut requests = self.requests.write();
-        requests.map.clear();
-        requests.order.clear();
+        let next = requests.next;
+        *requests = Requests {
+            next,
+            ..Requests::default()
+        };
     }
 
     fn check_tokens(&self, arg: impl FnOnce() -> String, tokens: &[i32]) -> Result<()> {
