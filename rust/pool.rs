@@ -27,13 +27,15 @@ use crate::error::{Error, Result, invalid, invalid_at};
 use crate::logits_table::LogitsTable;
 use crate::tree::{DraftTree, MAX_TREE_NODES};
 
-/// Batches with at least this many requests are drafted on several threads (when the pool
-/// allows more than one). Below it, spawning costs more than it saves: a 16-node tree over a
-/// 4K-token context takes a few microseconds, a thread start tens.
+/// Batches with fewer requests are always drafted on the calling thread.
 pub const PARALLEL_MIN_REQUESTS: usize = 8;
-/// `extend` batches go parallel only when they also carry at least this many tokens in all
-/// (decode steps commit a few tokens per request, which one thread indexes faster).
-pub const PARALLEL_MIN_TOKENS: usize = 4096;
+/// Tree nodes (capacity summed over the batch) each extra drafting thread must have to build:
+/// a 16-node tree over a 4K-token context takes 2-4 µs, so 512 nodes are about 100 µs, a few
+/// times what starting and joining a thread costs on an idle core.
+pub const PARALLEL_NODES_PER_THREAD: usize = 512;
+/// Tokens each extra `extend` thread must have to index (about 1 µs each); a decode step's
+/// 3 tokens per request stay on one thread unless the batch is very large.
+pub const PARALLEL_TOKENS_PER_THREAD: usize = 1024;
 /// Most threads a pool may be asked to use.
 pub const MAX_THREADS: usize = 1024;
 /// Largest SGLang mask built (`bs * n * n` booleans, 256 MiB), so absurd sizes fail cleanly.
@@ -432,13 +434,13 @@ impl DraftPool {
         Ok(entries)
     }
 
-    /// Threads to use for a batch of `n` requests.
-    fn workers(&self, n: usize) -> usize {
+    /// Threads to use for a batch of `n` requests holding `work` units (nodes or tokens),
+    /// `per_thread` of them at least per thread. Never more than asked for or than requests.
+    fn workers(&self, n: usize, work: usize, per_thread: usize) -> usize {
         if n < PARALLEL_MIN_REQUESTS {
-            1
-        } else {
-            self.threads().min(n)
+            return 1;
         }
+        self.threads().min(n).min(work / per_thread).max(1)
     }
 
     /// Append committed tokens to each request's context: `tokens[i]` to request `ids[i]`
@@ -467,11 +469,7 @@ impl DraftPool {
             return Ok(());
         }
         let total: usize = tokens.iter().map(|t| t.len()).sum();
-        let workers = if total < PARALLEL_MIN_TOKENS {
-            1
-        } else {
-            self.workers(ids.len())
-        };
+        let workers = self.workers(ids.len(), total, PARALLEL_TOKENS_PER_THREAD);
         let jobs: Vec<(&Entry, &[i32])> = entries.into_iter().zip(tokens.iter().copied()).collect();
         let done = map_batch(&jobs, workers, &|&(entry, t): &(&Entry, &[i32])| {
             entry.state.lock().automaton.extend(t)
@@ -561,11 +559,9 @@ impl DraftPool {
             .zip(capacities.iter().copied())
             .map(|((e, t), c)| (e, t, c))
             .collect();
-        let trees = map_batch(&jobs, self.workers(ids.len()), &|&(
-            entry,
-            next,
-            capacity,
-        ): &(
+        let nodes = capacities.iter().fold(0usize, |a, &c| a.saturating_add(c));
+        let workers = self.workers(ids.len(), nodes, PARALLEL_NODES_PER_THREAD);
+        let trees = map_batch(&jobs, workers, &|&(entry, next, capacity): &(
             &Entry,
             i32,
             usize,

@@ -172,11 +172,12 @@ fn thread_count_never_changes_a_tree() {
         for _ in 0..5 {
             let big: Vec<Vec<i32>> = ids.iter().map(|_| stream(&mut seed, 400, 50)).collect();
             let slices: Vec<&[i32]> = big.iter().map(Vec::as_slice).collect();
-            pool.extend(&ids, &slices).unwrap(); // over PARALLEL_MIN_TOKENS: parallel
+            pool.extend(&ids, &slices).unwrap(); // 400 tokens each: parallel
             let next: Vec<i32> = ids.iter().map(|_| (lcg(&mut seed) % 50) as i32).collect();
+            // About 2500 nodes in all: up to 4 drafting threads.
             let caps: Vec<usize> = ids
                 .iter()
-                .map(|_| 1 + lcg(&mut seed) as usize % 40)
+                .map(|_| 1 + lcg(&mut seed) as usize % 200)
                 .collect();
             all.push(pool.propose(&ids, &next, &caps, None).unwrap());
         }
@@ -185,6 +186,19 @@ fn thread_count_never_changes_a_tree() {
     for o in &outputs[1..] {
         assert_eq!(o, &outputs[0]);
     }
+}
+
+#[test]
+fn batches_go_parallel_only_with_enough_work_and_never_past_the_threads_asked() {
+    let (pool, _) = filled_pool(3, 1);
+    let per = PARALLEL_NODES_PER_THREAD;
+    assert_eq!(pool.workers(PARALLEL_MIN_REQUESTS - 1, 100 * per, per), 1);
+    assert_eq!(pool.workers(PARALLEL_MIN_REQUESTS, per - 1, per), 1);
+    assert_eq!(pool.workers(PARALLEL_MIN_REQUESTS, 2 * per, per), 2);
+    assert_eq!(pool.workers(PARALLEL_MIN_REQUESTS, 100 * per, per), 3);
+    assert_eq!(pool.workers(256, usize::MAX, per), 3);
+    pool.set_threads(64).unwrap();
+    assert_eq!(pool.workers(10, usize::MAX, per), 10);
 }
 
 fn snapshot(pool: &DraftPool, ids: &[RequestId]) -> BatchDraft {
