@@ -9,7 +9,10 @@ machine noise hits both alike:
 - ``propose``: wall time of one ``DraftPool.propose`` call (capacity 16), Python call
   included; median and p90 over the rounds, and per request;
 - ``step``: one decode step per request: ``extend`` by 3 committed tokens, then ``propose``
-  16 nodes, in microseconds per request per step (median over the rounds).
+  16 nodes, in microseconds per request per step (median over the rounds);
+- ``loop``: the same step done the way one ``RacerDrafter`` per request does it, a Python
+  loop of ``Automaton.extend`` + ``build_draft_tree`` over independent pairs (the baseline
+  the pool replaces; its trees are the same).
 
 Run:
 
@@ -26,8 +29,7 @@ import sys
 import time
 
 import numpy as np
-
-from racer_rs import DraftPool
+from racer_rs import Automaton, DraftPool, LogitsTable, build_draft_tree
 
 
 def code_like(rng: np.random.Generator, n: int, vocab: int) -> np.ndarray:
@@ -50,22 +52,31 @@ def build_pool(args: argparse.Namespace, requests: int, rng: np.random.Generator
     pool = DraftPool(args.vocab, threads=1)
     ids = [f"req-{i}" for i in range(requests)]
     futures = []
+    pairs = []
     for rid in ids:
-        stream = code_like(rng, args.context + 6 * (args.rounds + 1) + 1, args.vocab)  # 2 steps a round
+        stream = code_like(rng, args.context + 9 * (args.rounds + 1) + 1, args.vocab)  # 3 steps a round
         context = stream[: args.context]
         pool.add(rid, context)
-        # As after prefill: a copy-logit row for every context token (last write wins).
-        topk = rng.integers(0, args.vocab, (len(context), 8))
-        pool.update_topk(rid, context, topk, rng.dirichlet(np.ones(8), len(context)).astype(np.float32))
+        # As after prefill: a copy-logit row for every context token (last write wins), the
+        # true next token first and 7 other context tokens (so rows chain into deep trees).
+        topk = np.column_stack([np.roll(context, -1), rng.choice(context, (len(context), 7))])
+        probs = rng.dirichlet(np.ones(8), len(context)).astype(np.float32)
+        pool.update_topk(rid, context, topk, probs)
+        a = Automaton(ngram=10, capacity=10_000, min_depth=2)
+        a.extend(context)
+        table = LogitsTable(args.vocab, 8)
+        table.update(context, topk, probs)
+        pairs.append((a, table))
         futures.append(stream[args.context :])
-    return pool, ids, futures
+    return pool, ids, futures, pairs
 
 
 def measure(args: argparse.Namespace, requests: int, rng: np.random.Generator) -> dict:
-    pool, ids, futures = build_pool(args, requests, rng)
+    pool, ids, futures, pairs = build_pool(args, requests, rng)
     last = np.array([f[0] for f in futures], dtype=np.int32)
     propose: dict[int, list[float]] = {1: [], 2: []}
     step: dict[int, list[float]] = {1: [], 2: []}
+    loop: list[float] = []
     position = 0
     for threads in (1, 2):  # warm-up, untimed
         pool.threads = threads
@@ -84,8 +95,15 @@ def measure(args: argparse.Namespace, requests: int, rng: np.random.Generator) -
             pool.propose(ids, nexts, args.capacity)
             step[threads].append(time.perf_counter() - t0)
             position += 3
+        # The baseline: one (automaton, table) pair per request, driven from Python.
+        t0 = time.perf_counter()
+        for (a, table), f in zip(pairs, futures):
+            a.extend(f[position : position + 3])
+            build_draft_tree(a, table, int(f[position + 3]), args.capacity)
+        loop.append(time.perf_counter() - t0)
+        position += 3
     memory = pool.memory_bytes()
-    return {"propose": propose, "step": step, "memory": memory}
+    return {"propose": propose, "step": step, "loop": loop, "memory": memory}
 
 
 def p90(xs: list[float]) -> float:
@@ -109,7 +127,7 @@ def main() -> None:
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     header = (
         f"{'requests':>8} {'threads':>7} {'propose p50':>12} {'p90':>10} {'per request':>12} "
-        f"{'step/request':>13} {'memory':>10}"
+        f"{'step/request':>13} {'loop/request':>13} {'memory':>10}"
     )
     print(header)
     print("-" * len(header))
@@ -122,10 +140,16 @@ def main() -> None:
             print(
                 f"{requests:>8} {threads:>7} {med * 1e6:>10.1f}us {p90(t) * 1e6:>8.1f}us "
                 f"{med * 1e6 / requests:>10.2f}us {statistics.median(s) * 1e6 / requests:>11.2f}us "
+                f"{statistics.median(r['loop']) * 1e6 / requests:>11.2f}us "
                 f"{r['memory'] / 2**20:>8.1f}Mi"
             )
     print()
-    print("# step/request: extend(3 committed tokens) + propose(16 nodes), per request, median")
+    print(
+        f"# step/request: DraftPool.extend(3 committed tokens) + DraftPool.propose({args.capacity} nodes), "
+        "per request, median"
+    )
+    print("# loop/request: the same step as a Python loop of Automaton.extend + build_draft_tree per request")
+    print("# memory: DraftPool.memory_bytes() (MiB)")
     print(f"# reproduce: python benches/bench_pool.py {' '.join(sys.argv[1:])}".rstrip())
 
 

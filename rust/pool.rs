@@ -29,13 +29,17 @@ use crate::tree::{DraftTree, MAX_TREE_NODES};
 
 /// Batches with fewer requests are always drafted on the calling thread.
 pub const PARALLEL_MIN_REQUESTS: usize = 8;
-/// Tree nodes (capacity summed over the batch) each extra drafting thread must have to build:
-/// a 16-node tree over a 4K-token context takes 2-4 µs, so 512 nodes are about 100 µs, a few
-/// times what starting and joining a thread costs on an idle core.
-pub const PARALLEL_NODES_PER_THREAD: usize = 512;
-/// Tokens each extra `extend` thread must have to index (about 1 µs each); a decode step's
-/// 3 tokens per request stay on one thread unless the batch is very large.
-pub const PARALLEL_TOKENS_PER_THREAD: usize = 1024;
+/// Drafting work, in node-sized units, that each thread must have before a `propose` batch is
+/// split: a request costs `PROPOSE_REQUEST_UNITS + capacity` units. Measured with 4K-token
+/// contexts: a tree costs about 2 µs plus 30 ns per node, so a unit is about 30 ns and a
+/// thread gets at least about 60 µs of work, a few times the 20-25 µs that starting and
+/// joining one costs.
+pub const PARALLEL_UNITS_PER_THREAD: usize = 2048;
+/// The fixed cost of one request's tree, in node-sized units (about 2 µs).
+pub const PROPOSE_REQUEST_UNITS: usize = 64;
+/// Tokens each thread must have to index before an `extend` batch is split (about 1.2 µs a
+/// token with the automaton at its node budget, so about 115 µs of work).
+pub const PARALLEL_TOKENS_PER_THREAD: usize = 96;
 /// Most threads a pool may be asked to use.
 pub const MAX_THREADS: usize = 1024;
 /// Largest SGLang mask built (`bs * n * n` booleans, 256 MiB), so absurd sizes fail cleanly.
@@ -559,8 +563,10 @@ impl DraftPool {
             .zip(capacities.iter().copied())
             .map(|((e, t), c)| (e, t, c))
             .collect();
-        let nodes = capacities.iter().fold(0usize, |a, &c| a.saturating_add(c));
-        let workers = self.workers(ids.len(), nodes, PARALLEL_NODES_PER_THREAD);
+        let work = capacities.iter().fold(0usize, |a, &c| {
+            a.saturating_add(PROPOSE_REQUEST_UNITS.saturating_add(c))
+        });
+        let workers = self.workers(ids.len(), work, PARALLEL_UNITS_PER_THREAD);
         let trees = map_batch(&jobs, workers, &|&(entry, next, capacity): &(
             &Entry,
             i32,

@@ -163,7 +163,7 @@ fn filled_pool(threads: usize, requests: usize) -> (DraftPool, Vec<RequestId>) {
 
 #[test]
 fn thread_count_never_changes_a_tree() {
-    let n = 3 * PARALLEL_MIN_REQUESTS + 1;
+    let n = 4 * PARALLEL_MIN_REQUESTS + 1;
     let mut outputs = Vec::new();
     for threads in [1, 2, 3, 8, 64] {
         let (pool, ids) = filled_pool(threads, n);
@@ -174,11 +174,22 @@ fn thread_count_never_changes_a_tree() {
             let slices: Vec<&[i32]> = big.iter().map(Vec::as_slice).collect();
             pool.extend(&ids, &slices).unwrap(); // 400 tokens each: parallel
             let next: Vec<i32> = ids.iter().map(|_| (lcg(&mut seed) % 50) as i32).collect();
-            // About 2500 nodes in all: up to 4 drafting threads.
+            // About 8700 units of work in all: up to 4 drafting threads.
             let caps: Vec<usize> = ids
                 .iter()
-                .map(|_| 1 + lcg(&mut seed) as usize % 200)
+                .map(|_| 1 + lcg(&mut seed) as usize % 400)
                 .collect();
+            let work = caps.iter().map(|c| c + PROPOSE_REQUEST_UNITS).sum();
+            let used = pool.workers(ids.len(), work, PARALLEL_UNITS_PER_THREAD);
+            assert!(
+                used == threads.min(3) || used == threads.min(4),
+                "{used} threads"
+            );
+            let tokens = slices.iter().map(|t| t.len()).sum();
+            assert!(
+                pool.workers(ids.len(), tokens, PARALLEL_TOKENS_PER_THREAD)
+                    == threads.min(ids.len())
+            );
             all.push(pool.propose(&ids, &next, &caps, None).unwrap());
         }
         outputs.push(all);
@@ -191,7 +202,7 @@ fn thread_count_never_changes_a_tree() {
 #[test]
 fn batches_go_parallel_only_with_enough_work_and_never_past_the_threads_asked() {
     let (pool, _) = filled_pool(3, 1);
-    let per = PARALLEL_NODES_PER_THREAD;
+    let per = PARALLEL_UNITS_PER_THREAD;
     assert_eq!(pool.workers(PARALLEL_MIN_REQUESTS - 1, 100 * per, per), 1);
     assert_eq!(pool.workers(PARALLEL_MIN_REQUESTS, per - 1, per), 1);
     assert_eq!(pool.workers(PARALLEL_MIN_REQUESTS, 2 * per, per), 2);

@@ -102,7 +102,7 @@ id_index = st.integers(0, len(IDS) - 1)
 # Batch calls keep ids that are not in the pool (and must then fail) one time in five;
 # otherwise they are narrowed to the ids present.
 unknown_too = st.integers(0, 4).map(lambda x: x == 0)
-big_capacity = st.sampled_from([8, 16, 64, 160])  # 8+ requests of 160: parallel
+big_capacity = st.sampled_from([8, 16, 64, 400])  # 10 requests of 400: 2 threads
 tokens_st = st.lists(st.integers(0, VOCAB - 1), max_size=24)
 
 
@@ -473,7 +473,7 @@ DETERMINISM_SCRIPT = textwrap.dedent(
                 parts = [rng.integers(0, 500, 400 if big else 3) for _ in order]
                 pool.extend(order, parts)
                 last = rng.integers(0, 500, len(order))
-                caps = rng.integers(1, 200, len(order))  # ~2000 nodes: parallel
+                caps = rng.integers(1, 600, len(order))  # enough work for 2-3 threads
                 batch = pool.propose(order, last, caps, calibration=None)
                 for arr in (batch.tokens, batch.parents, batch.cells, batch.counts, batch.offsets):
                     f.write(arr.tobytes())
