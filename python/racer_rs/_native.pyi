@@ -311,7 +311,7 @@ class DraftPool:
     def memory_bytes(self) -> int:
         """Approximate heap memory in bytes: every request's automaton and copy-logit table
         (as their own ``memory_bytes`` count them: the table is ``vocab_size * breadth * 8``
-        bytes, the automaton grows to about 100 bytes per node up to ``max_nodes``), plus the
+        bytes, the automaton grows to about 110 bytes per node up to ``max_nodes``), plus the
         pool's bookkeeping."""
 
     def clear(self) -> None:
@@ -403,7 +403,10 @@ class DraftPool:
 
         Args:
             ids: distinct request ids (at least one); the output follows their order.
-            last_tokens: the last verified token of each request, its tree's root.
+            last_tokens: each tree's root: the request's last verified token, the one the
+                target produced last (``RacerDrafter.propose``'s ``next_token``), which is
+                not yet in the context (it is committed, root first, by a later
+                :meth:`extend`).
             capacity: most nodes per tree, root included (``1..=2**20``): one int for every
                 request, or one per request (so a batch-wide budget can size rows apart).
             calibration: ``float32[EDGE_CELLS]`` acceptance probabilities in ``[0, 1]``, one
