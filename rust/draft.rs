@@ -65,21 +65,7 @@ pub fn build_draft_tree(
 ) -> Result<DraftTree> {
     check_budget("capacity", options.capacity)?;
     if let Some(c) = calibration {
-        if c.len() != EDGE_CELLS {
-            return Err(invalid(
-                "calibration",
-                format!(
-                    "needs {EDGE_CELLS} probabilities (one per edge cell), got {}",
-                    c.len()
-                ),
-            ));
-        }
-        if let Some(p) = c.iter().find(|p| !(0.0..=1.0).contains(*p)) {
-            return Err(invalid(
-                "calibration",
-                format!("probabilities must be in [0, 1], got {p}"),
-            ));
-        }
+        check_calibration(c)?;
     }
     if !(0.0..=1.0).contains(&options.min_score) {
         return Err(invalid(
@@ -114,6 +100,29 @@ pub fn build_draft_tree(
         table.expand_into(&mut builder, options.capacity, options.exempt_depth);
     }
     Ok(builder.finish())
+}
+
+/// Check a calibration: one acceptance probability in `[0, 1]` per edge cell.
+///
+/// # Errors
+/// `InvalidArgument` naming `calibration` otherwise.
+pub(crate) fn check_calibration(c: &[f32]) -> Result<()> {
+    if c.len() != EDGE_CELLS {
+        return Err(invalid(
+            "calibration",
+            format!(
+                "needs {EDGE_CELLS} probabilities (one per edge cell), got {}",
+                c.len()
+            ),
+        ));
+    }
+    if let Some(p) = c.iter().find(|p| !(0.0..=1.0).contains(*p)) {
+        return Err(invalid(
+            "calibration",
+            format!("probabilities must be in [0, 1], got {p}"),
+        ));
+    }
+    Ok(())
 }
 
 /// A node waiting to be placed, with its estimated path probability.

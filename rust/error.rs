@@ -1,5 +1,7 @@
 //! The core's error type: every failure names the offending argument.
 
+use std::borrow::Cow;
+
 /// Result alias used across the core.
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -10,8 +12,9 @@ pub enum Error {
     /// A caller passed a value outside its domain.
     #[error("{arg}: {msg}")]
     InvalidArgument {
-        /// Name of the argument, as the caller spells it.
-        arg: &'static str,
+        /// Name of the argument, as the caller spells it (with the element and the request it
+        /// concerns for batch calls, e.g. `ids[3] ('req-7')`).
+        arg: Cow<'static, str>,
         /// What was expected and what arrived.
         msg: String,
     },
@@ -23,7 +26,15 @@ pub enum Error {
 /// Shorthand for an `InvalidArgument` error.
 pub(crate) fn invalid(arg: &'static str, msg: impl Into<String>) -> Error {
     Error::InvalidArgument {
-        arg,
+        arg: Cow::Borrowed(arg),
+        msg: msg.into(),
+    }
+}
+
+/// An `InvalidArgument` error whose argument name is built at run time (`tokens[2] ('a')`).
+pub(crate) fn invalid_at(arg: String, msg: impl Into<String>) -> Error {
+    Error::InvalidArgument {
+        arg: Cow::Owned(arg),
         msg: msg.into(),
     }
 }

@@ -7,6 +7,7 @@ pub mod edge_cells;
 pub mod error;
 pub mod logits_table;
 pub mod lookup;
+pub mod pool;
 pub mod tree;
 
 #[cfg(feature = "python")]
@@ -17,4 +18,5 @@ pub use draft::{DraftOptions, build_draft_tree};
 pub use error::{Error, Result};
 pub use logits_table::LogitsTable;
 pub use lookup::prompt_lookup;
+pub use pool::{BatchDraft, DraftPool, PoolOptions, RequestId};
 pub use tree::{DraftTree, TreeBuilder};

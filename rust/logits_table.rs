@@ -25,6 +25,16 @@ pub struct LogitsTable {
     rows_written: usize,
 }
 
+fn check_token(vocab_size: usize, arg: &'static str, t: i32) -> Result<usize> {
+    if t < 0 || t as usize >= vocab_size {
+        return Err(invalid(
+            arg,
+            format!("token {t} is outside 0..{vocab_size}"),
+        ));
+    }
+    Ok(t as usize)
+}
+
 /// Probability assumed for rank `j` when the caller gives ids without probabilities.
 fn rank_prior(j: usize) -> f32 {
     0.5f32.powi(i32::try_from(j + 1).unwrap_or(i32::MAX))
@@ -36,6 +46,24 @@ impl LogitsTable {
     /// # Errors
     /// `InvalidArgument` if `vocab_size` or `top_k` is below 1 or absurdly large.
     pub fn new(vocab_size: usize, top_k: usize) -> Result<Self> {
+        let cells = Self::check_shape(vocab_size, top_k)?;
+        Ok(Self {
+            vocab_size,
+            top_k,
+            ids: vec![0; cells],
+            probs: vec![0.0; cells],
+            written: vec![false; vocab_size],
+            measured: vec![false; vocab_size],
+            rows_written: 0,
+        })
+    }
+
+    /// Check the shape [`LogitsTable::new`] takes without allocating anything; returns the
+    /// number of cells (`vocab_size * top_k`).
+    ///
+    /// # Errors
+    /// As [`LogitsTable::new`].
+    pub fn check_shape(vocab_size: usize, top_k: usize) -> Result<usize> {
         if vocab_size < 1 || vocab_size > i32::MAX as usize {
             return Err(invalid(
                 "vocab_size",
@@ -48,19 +76,10 @@ impl LogitsTable {
                 format!("must be in 1..=1024, got {top_k}"),
             ));
         }
-        let cells = vocab_size
+        vocab_size
             .checked_mul(top_k)
             .filter(|&c| c <= MAX_CELLS)
-            .ok_or_else(|| invalid("vocab_size", "vocab_size * top_k is too large"))?;
-        Ok(Self {
-            vocab_size,
-            top_k,
-            ids: vec![0; cells],
-            probs: vec![0.0; cells],
-            written: vec![false; vocab_size],
-            measured: vec![false; vocab_size],
-            rows_written: 0,
-        })
+            .ok_or_else(|| invalid("vocab_size", "vocab_size * top_k is too large"))
     }
 
     /// Number of token ids the table covers.
@@ -88,13 +107,7 @@ impl LogitsTable {
     }
 
     fn check_token(&self, arg: &'static str, t: i32) -> Result<usize> {
-        if t < 0 || t as usize >= self.vocab_size {
-            return Err(invalid(
-                arg,
-                format!("token {t} is outside 0..{}", self.vocab_size),
-            ));
-        }
-        Ok(t as usize)
+        check_token(self.vocab_size, arg, t)
     }
 
     /// For i in order, row `tokens[i]` := `topk_ids[i*k..(i+1)*k]`; the last write wins.
@@ -120,39 +133,7 @@ impl LogitsTable {
         k: usize,
         topk_probs: Option<&[f32]>,
     ) -> Result<()> {
-        if k != self.top_k {
-            return Err(invalid(
-                "topk_ids",
-                format!("expected {} columns, got {k}", self.top_k),
-            ));
-        }
-        if topk_ids.len() != tokens.len() * k {
-            return Err(invalid(
-                "topk_ids",
-                format!(
-                    "expected {} rows to match tokens, got {}",
-                    tokens.len(),
-                    topk_ids.len() / k.max(1)
-                ),
-            ));
-        }
-        for &t in tokens {
-            self.check_token("tokens", t)?;
-        }
-        for &t in topk_ids {
-            self.check_token("topk_ids", t)?;
-        }
-        if let Some(probs) = topk_probs {
-            if probs.len() != topk_ids.len() {
-                return Err(invalid("topk_probs", "must have the shape of topk_ids"));
-            }
-            if let Some(p) = probs.iter().find(|p| !(0.0..=1.0).contains(*p)) {
-                return Err(invalid(
-                    "topk_probs",
-                    format!("probabilities must be in [0, 1], got {p}"),
-                ));
-            }
-        }
+        Self::check_update(self.vocab_size, self.top_k, tokens, topk_ids, k, topk_probs)?;
         for (i, &t) in tokens.iter().enumerate() {
             let row = t as usize;
             self.ids[row * k..(row + 1) * k].copy_from_slice(&topk_ids[i * k..(i + 1) * k]);
@@ -168,6 +149,55 @@ impl LogitsTable {
             if !self.written[row] {
                 self.written[row] = true;
                 self.rows_written += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Check the inputs of [`update_with_probs`](Self::update_with_probs) for a table of this
+    /// shape without writing anything.
+    ///
+    /// # Errors
+    /// As [`update_with_probs`](Self::update_with_probs).
+    pub fn check_update(
+        vocab_size: usize,
+        top_k: usize,
+        tokens: &[i32],
+        topk_ids: &[i32],
+        k: usize,
+        topk_probs: Option<&[f32]>,
+    ) -> Result<()> {
+        if k != top_k {
+            return Err(invalid(
+                "topk_ids",
+                format!("expected {top_k} columns, got {k}"),
+            ));
+        }
+        if topk_ids.len() != tokens.len() * k {
+            return Err(invalid(
+                "topk_ids",
+                format!(
+                    "expected {} rows to match tokens, got {}",
+                    tokens.len(),
+                    topk_ids.len() / k.max(1)
+                ),
+            ));
+        }
+        for &t in tokens {
+            check_token(vocab_size, "tokens", t)?;
+        }
+        for &t in topk_ids {
+            check_token(vocab_size, "topk_ids", t)?;
+        }
+        if let Some(probs) = topk_probs {
+            if probs.len() != topk_ids.len() {
+                return Err(invalid("topk_probs", "must have the shape of topk_ids"));
+            }
+            if let Some(p) = probs.iter().find(|p| !(0.0..=1.0).contains(*p)) {
+                return Err(invalid(
+                    "topk_probs",
+                    format!("probabilities must be in [0, 1], got {p}"),
+                ));
             }
         }
         Ok(())

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from racer_rs._native import (
     EDGE_CELLS,
     Automaton,
+    BatchDraft,
+    DraftPool,
     DraftTree,
     LogitsTable,
     __version__,
@@ -42,8 +44,10 @@ if TYPE_CHECKING:
 __all__ = [
     "EDGE_CELLS",
     "Automaton",
+    "BatchDraft",
     "CorruptFileError",
     "DistillSettings",
+    "DraftPool",
     "DraftTree",
     "GenerationResult",
     "InvalidArgumentError",

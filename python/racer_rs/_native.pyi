@@ -15,6 +15,8 @@ continuation share)."""
 __all__ = [
     "EDGE_CELLS",
     "Automaton",
+    "BatchDraft",
+    "DraftPool",
     "DraftTree",
     "LogitsTable",
     "build_draft_tree",
@@ -24,6 +26,8 @@ __all__ = [
 ]
 
 _TokenArray = Sequence[int] | npt.NDArray[np.int32] | npt.NDArray[np.int64]
+_RequestId = int | str
+_Calibration = Sequence[float] | npt.NDArray[np.float32] | npt.NDArray[np.float64]
 
 @final
 class DraftTree:
@@ -177,7 +181,7 @@ def build_draft_tree(
     exempt_depth: int = 1,
     scored: bool = False,
     min_score: float = 0.0,
-    calibration: Sequence[float] | npt.NDArray[np.float32] | npt.NDArray[np.float64] | None = None,
+    calibration: _Calibration | None = None,
 ) -> DraftTree:
     """RACER's draft tree: ``draft_chain`` (if any) first, then retrieval paths, then the logits
     tree fills what is left. The budget is charged after merging, so the tree has exactly
@@ -202,3 +206,297 @@ def prompt_lookup(
     suffix n-gram (``max_ngram`` down to ``min_ngram``) and return up to ``num_pred`` tokens
     that followed it (empty if none).
     """
+
+@final
+class DraftPool:
+    """A pool of per-request RACER states drafted in one call.
+
+    Every request owns an :class:`Automaton` (``ngram``, ``max_nodes``, ``min_depth``) and a
+    :class:`LogitsTable` (``vocab_size`` x ``breadth``), driven exactly as
+    :class:`racer_rs.drafters.racer.RacerDrafter` drives its pair: :meth:`add` is ``begin``
+    (a new sequence indexing the prompt), :meth:`extend` and :meth:`update_topk` are
+    ``observe`` (committed tokens, copy-logit rows), and :meth:`propose` builds each
+    request's tree as :func:`build_draft_tree` does with the pool's options, so request ``i``
+    of a batch gets the tree its own drafter would have proposed.
+
+    Requests are keyed by an ``int`` (within int64) or a ``str``; ``bool`` is refused.
+    Outputs follow the order of the ids given, never the pool's internal order, and the same
+    calls give byte-identical trees in any process, under any ``PYTHONHASHSEED`` and with
+    any ``threads``. Batch calls release the GIL once. A batch of at least 8 requests is
+    split into contiguous chunks drafted on up to ``threads`` threads (the caller's
+    included), but only as many as give every thread enough work to pay for starting it
+    (about 60 µs: some 25 requests' 16-node trees in :meth:`propose`, 96 tokens in
+    :meth:`extend`); smaller batches stay on the calling thread. A call that raises changes no request's state. The pool may be shared by
+    Python threads (a lock per request, and one for the set of requests).
+
+    Args:
+        vocab_size: token ids are ``0..vocab_size``; each copy-logit table has one row per id.
+        ngram: longest n-gram each automaton indexes (``2..=64``).
+        max_nodes: node budget of each automaton (LRU eviction beyond it); at least
+            ``ngram * (ngram + 1) / 2``.
+        breadth: ids per copy-logit row (the target's top-k), also the logits tree's root
+            breadth (``1..=1024``).
+        min_depth: shortest context suffix a retrieval border may match (``1..=ngram``).
+        exempt_depth: depth whose nodes do not halve their children's breadth.
+        tree: ``"halving"`` (retrieval first, then the breadth-halving logits tree) or
+            ``"scored"`` (best first by estimated path probability).
+        min_score: scored trees only: leave out nodes whose estimated path probability is
+            below this (``[0, 1]``).
+        use_retrieval: draft from the automata (when False, :meth:`extend` checks its input
+            and indexes nothing, as ``RacerDrafter`` does).
+        use_logits: draft from the copy-logit tables (when False, :meth:`update_topk` checks
+            its input and writes nothing, and no table is allocated per request).
+        threads: most threads one batch call uses (``1..=1024``); settable later.
+
+    Raises:
+        ValueError: (``InvalidArgumentError``) if a setting is out of range, ``tree`` is
+            neither name, or both sources are off.
+    """
+
+    def __new__(
+        cls,
+        vocab_size: int,
+        *,
+        ngram: int = 10,
+        max_nodes: int = 10_000,
+        breadth: int = 8,
+        min_depth: int = 2,
+        exempt_depth: int = 1,
+        tree: str = "halving",
+        min_score: float = 0.0,
+        use_retrieval: bool = True,
+        use_logits: bool = True,
+        threads: int = 1,
+    ) -> DraftPool: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def ngram(self) -> int: ...
+    @property
+    def max_nodes(self) -> int: ...
+    @property
+    def breadth(self) -> int: ...
+    @property
+    def min_depth(self) -> int: ...
+    @property
+    def exempt_depth(self) -> int: ...
+    @property
+    def tree(self) -> str:
+        """``"halving"`` or ``"scored"``."""
+
+    @property
+    def min_score(self) -> float: ...
+    @property
+    def use_retrieval(self) -> bool: ...
+    @property
+    def use_logits(self) -> bool: ...
+    @property
+    def threads(self) -> int:
+        """Most threads one batch call uses, the calling thread included (``1..=1024``).
+
+        Setting it to anything else raises ``InvalidArgumentError``; it never changes an output.
+        """
+
+    @threads.setter
+    def threads(self, threads: int) -> None: ...
+    def __len__(self) -> int:
+        """Number of requests."""
+
+    def __contains__(self, key: object, /) -> bool:
+        """Whether ``key`` is a request id of the pool (False for anything that is no int or str)."""
+
+    def ids(self) -> list[_RequestId]:
+        """The request ids, in insertion order (a removed and re-added id goes last)."""
+
+    def memory_bytes(self) -> int:
+        """Approximate heap memory in bytes: every request's automaton and copy-logit table
+        (as their own ``memory_bytes`` count them: the table is ``vocab_size * breadth * 8``
+        bytes, the automaton grows to about 110 bytes per node up to ``max_nodes``), plus the
+        pool's bookkeeping."""
+
+    def clear(self) -> None:
+        """Remove every request."""
+
+    def add(self, id: _RequestId, prompt_ids: _TokenArray) -> None:
+        """Start request ``id``: a new automaton indexing ``prompt_ids`` and an empty
+        copy-logit table (``RacerDrafter.begin``; write prompt top-k rows with
+        :meth:`update_topk`).
+
+        Args:
+            id: the request's key, an int or a str not yet in the pool.
+            prompt_ids: the prompt's token ids (``int32``/``int64`` array or list of ints).
+
+        Raises:
+            ValueError: (``InvalidArgumentError``) if ``id`` is already in the pool or a
+                token is outside ``0..vocab_size``; the message names the request.
+            TypeError: (``InvalidTypeError``) if ``id`` is no int or str, or ``prompt_ids``
+                is no sequence of ints or integer array.
+        """
+
+    def remove(self, id: _RequestId) -> None:
+        """Forget request ``id`` (its automaton and table are freed).
+
+        Raises:
+            ValueError: (``InvalidArgumentError``) if ``id`` is not in the pool.
+            TypeError: (``InvalidTypeError``) if ``id`` is no int or str.
+        """
+
+    def extend(
+        self,
+        ids: Sequence[_RequestId],
+        tokens: Sequence[_TokenArray] | npt.NDArray[np.int32] | npt.NDArray[np.int64],
+        lengths: _TokenArray | None = None,
+    ) -> None:
+        """Append committed tokens to each request's context (``RacerDrafter.observe``'s
+        ``automaton.extend``), ``tokens[i]`` to request ``ids[i]``.
+
+        Args:
+            ids: distinct request ids (at least one).
+            tokens: one 1-D token sequence per id (ragged; a 2-D array gives one row per
+                id), or, with ``lengths``, one flat 1-D array holding them back to back.
+            lengths: with a flat ``tokens``, the number of tokens of each id (``>= 0``,
+                adding up to ``len(tokens)``).
+
+        Raises:
+            ValueError: (``InvalidArgumentError``) if ``ids`` is empty, an id is unknown or
+                repeated, ``tokens``/``lengths`` do not hold one entry per id, the lengths
+                do not add up, or a token is outside ``0..vocab_size``; the message names
+                the request (``tokens[3] ('req-7'): ...``) and no request changes.
+            TypeError: (``InvalidTypeError``) if an id or a token array has the wrong type.
+        """
+
+    def update_topk(
+        self,
+        id: _RequestId,
+        tokens: _TokenArray,
+        topk_ids: npt.NDArray[np.int32] | npt.NDArray[np.int64],
+        topk_probs: npt.NDArray[np.float32] | npt.NDArray[np.float64] | None = None,
+    ) -> None:
+        """Write copy-logit rows of request ``id``, as :meth:`LogitsTable.update` does: for
+        ``i`` in order, row ``tokens[i]`` := ``topk_ids[i]``; the last write wins.
+
+        Args:
+            id: the request.
+            tokens: ``[n]`` token ids whose rows are written.
+            topk_ids: ``[n, breadth]`` ids (the target's top-k after each token).
+            topk_probs: ``[n, breadth]`` probabilities in ``[0, 1]`` of those ids, used by
+                scored trees; without them rank ``j`` counts as ``2 ** -(j + 1)``.
+
+        Raises:
+            ValueError: (``InvalidArgumentError``) if ``id`` is unknown, the shapes
+                disagree (``k`` must equal ``breadth``), an id is outside
+                ``0..vocab_size`` or a probability outside ``[0, 1]``; the message names
+                the request and nothing is written.
+            TypeError: (``InvalidTypeError``) if an array has the wrong dtype.
+        """
+
+    def propose(
+        self,
+        ids: Sequence[_RequestId],
+        last_tokens: _TokenArray,
+        capacity: int | _TokenArray,
+        *,
+        calibration: _Calibration | None = None,
+    ) -> BatchDraft:
+        """One draft tree per request, in one GIL release (``RacerDrafter.propose`` for
+        every request of the batch).
+
+        Args:
+            ids: distinct request ids (at least one); the output follows their order.
+            last_tokens: each tree's root: the request's last verified token, the one the
+                target produced last (``RacerDrafter.propose``'s ``next_token``), which is
+                not yet in the context (it is committed, root first, by a later
+                :meth:`extend`).
+            capacity: most nodes per tree, root included (``1..=2**20``): one int for every
+                request, or one per request (so a batch-wide budget can size rows apart).
+            calibration: ``float32[EDGE_CELLS]`` acceptance probabilities in ``[0, 1]``, one
+                per edge cell, replacing a scored tree's raw edge estimates (as in
+                :func:`build_draft_tree`; halving trees ignore it once checked).
+
+        Returns:
+            A :class:`BatchDraft` whose tree ``i`` is the one :func:`build_draft_tree` builds
+            from request ``ids[i]``'s automaton and table with the pool's options.
+
+        Raises:
+            ValueError: (``InvalidArgumentError``) if ``ids`` is empty, an id is unknown or
+                repeated, ``last_tokens`` or ``capacity`` do not hold one entry per id, a
+                token is outside ``0..vocab_size``, a capacity is out of range, or the
+                calibration is malformed; the message names the request
+                (``ids[3] ('req-7'): unknown request id``) and no request changes.
+            TypeError: (``InvalidTypeError``) if an argument has the wrong type.
+        """
+
+@final
+class BatchDraft:
+    """The draft trees of one :meth:`DraftPool.propose` call, in the order of its ids.
+
+    The flat arrays hold every request's nodes back to back (request ``i`` at
+    ``offsets[i]:offsets[i + 1]``, each tree in its own BFS order); the layouts are built in
+    Rust from the same trees.
+    """
+
+    @property
+    def tokens(self) -> npt.NDArray[np.int32]:
+        """``int32[total]``: every node's token, request after request."""
+
+    @property
+    def parents(self) -> npt.NDArray[np.int32]:
+        """``int32[total]``: every node's parent as an index local to its request (``-1`` at
+        each root)."""
+
+    @property
+    def cells(self) -> npt.NDArray[np.int32]:
+        """``int32[total]``: every node's edge cell (``-1`` at each root); see ``EDGE_CELLS``."""
+
+    @property
+    def counts(self) -> npt.NDArray[np.int64]:
+        """``int64[bs]``: nodes per request, root included."""
+
+    @property
+    def offsets(self) -> npt.NDArray[np.int64]:
+        """``int64[bs + 1]``: request ``i``'s nodes are ``offsets[i]:offsets[i + 1]``."""
+
+    def __len__(self) -> int:
+        """Number of requests (``bs``)."""
+
+    def tree(self, i: int) -> DraftTree:
+        """Request ``i``'s tree, as a new :class:`DraftTree` (negative ``i`` counts from the end).
+
+        Raises:
+            ValueError: (``InvalidArgumentError``) if ``i`` is outside ``-bs..bs``.
+        """
+
+    def sglang(self, n: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """SGLang's n-gram verification layout with exactly ``n`` nodes per request.
+
+        Node 0 of every request is its root (the last verified token) and nodes follow the
+        tree's BFS order, so parents come before children. A tree bigger than ``n`` keeps its
+        first ``n`` BFS nodes (a connected prefix); a smaller one is padded with nodes of
+        token 0 that are children of the root.
+
+        Args:
+            n: nodes per request (SGLang's ``draft_token_num``), ``>= 1``.
+
+        Returns:
+            ``(tokens, mask)``: ``int64[bs * n]`` with ``tokens[b * n + i]`` node ``i`` of
+            request ``b``, and ``bool[bs * n * n]``, row-major ``[bs, n, n]``, with
+            ``mask[b, i, j]`` true iff node ``j`` is node ``i`` or one of its ancestors.
+
+        Raises:
+            ValueError: (``InvalidArgumentError``) if ``n < 1`` or the mask would exceed
+                ``2**28`` elements.
+        """
+
+    def chains(self, k: int) -> list[npt.NDArray[np.int32]]:
+        """Per request, the tokens after the root along the tree's best root-to-leaf path,
+        at most ``k`` of them (those nearest the root).
+
+        The best path is the deepest one, ties broken by BFS order: it ends at the leaf of
+        greatest depth with the smallest node index. A root-only tree gives an empty chain.
+
+        Args:
+            k: most tokens per chain, ``>= 0``.
+
+        Returns:
+            One ``int32`` array per request, in batch order.
+        """

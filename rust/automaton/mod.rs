@@ -97,12 +97,11 @@ fn key(parent: u32, token: u32) -> u64 {
 }
 
 impl Automaton {
-    /// An empty automaton.
+    /// Check the settings [`Automaton::new`] takes without allocating anything.
     ///
     /// # Errors
-    /// `InvalidArgument` if `ngram` is outside `2..=64`, `capacity` cannot hold every substring
-    /// of one window (`ngram * (ngram + 1) / 2`), or `min_depth` is outside `1..=ngram`.
-    pub fn new(ngram: usize, capacity: usize, min_depth: usize) -> Result<Self> {
+    /// As [`Automaton::new`].
+    pub fn check_options(ngram: usize, capacity: usize, min_depth: usize) -> Result<()> {
         if !(2..=MAX_NGRAM).contains(&ngram) {
             return Err(invalid(
                 "ngram",
@@ -124,6 +123,16 @@ impl Automaton {
                 format!("must be in 1..={ngram}, got {min_depth}"),
             ));
         }
+        Ok(())
+    }
+
+    /// An empty automaton.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if `ngram` is outside `2..=64`, `capacity` cannot hold every substring
+    /// of one window (`ngram * (ngram + 1) / 2`), or `min_depth` is outside `1..=ngram`.
+    pub fn new(ngram: usize, capacity: usize, min_depth: usize) -> Result<Self> {
+        Self::check_options(ngram, capacity, min_depth)?;
         let mut nodes = Vec::with_capacity((capacity + 1).min(1 << 16));
         nodes.push(Node::root());
         Ok(Self {

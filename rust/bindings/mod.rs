@@ -7,6 +7,7 @@ mod edge_cells;
 mod errors;
 mod logits_table;
 mod lookup;
+mod pool;
 mod tree;
 
 use pyo3::prelude::*;
@@ -23,6 +24,8 @@ mod _native {
     use super::logits_table::PyLogitsTable;
     #[pymodule_export]
     use super::lookup::prompt_lookup;
+    #[pymodule_export]
+    use super::pool::{PyBatchDraft, PyDraftPool};
     #[pymodule_export]
     use super::tree::PyDraftTree;
 

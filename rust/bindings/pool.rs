@@ -1,0 +1,497 @@
+//! `DraftPool` and `BatchDraft` for Python: argument conversion here, every check that
+//! concerns a request in the core (`crate::pool`), one GIL release per call.
+
+use numpy::PyArray1;
+use pyo3::exceptions::PyOverflowError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyList, PyString, PyTuple};
+
+use super::arrays::{Int, Tokens, array1, at_least, matrix, prob_matrix, prob_vector, token_arg};
+use super::errors::{type_error, value_error};
+use super::logits_table::exempt;
+use super::tree::PyDraftTree;
+use crate::pool::{BatchDraft, DraftPool, PoolOptions, RequestId, split_ragged};
+use crate::tree::MAX_TREE_NODES;
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "?".into(), |n| n.to_string())
+}
+
+/// A request id: a Python int (or numpy integer) within int64, or a str. `bool` is refused
+/// (``True == 1`` would make two spellings of one key).
+fn request_id(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<RequestId> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(type_error(format!(
+            "{arg}: a request id must be an int or a str, got bool"
+        )));
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return s
+            .to_str()
+            .map(|s| RequestId::Str(s.to_owned()))
+            .map_err(|_| value_error(arg, "the str id is not valid Unicode (a lone surrogate)"));
+    }
+    match obj.extract::<i64>() {
+        Ok(v) => Ok(RequestId::Int(v)),
+        Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Err(value_error(
+            arg,
+            format!("int id {obj} does not fit in int64"),
+        )),
+        Err(_) => Err(type_error(format!(
+            "{arg}: a request id must be an int or a str, got {}",
+            type_name(obj)
+        ))),
+    }
+}
+
+fn id_object<'py>(py: Python<'py>, id: &RequestId) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match id {
+        RequestId::Int(v) => v.into_pyobject(py)?.into_any(),
+        RequestId::Str(s) => PyString::new(py, s).into_any(),
+    })
+}
+
+/// Refuse a str or bytes where a sequence of items is expected (both iterate).
+fn not_text(obj: &Bound<'_, PyAny>, arg: &str, what: &str) -> PyResult<()> {
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(type_error(format!("{arg}: expected {what}, got a str")));
+    }
+    Ok(())
+}
+
+/// Every item of an iterable, or `InvalidTypeError` naming `arg` if it is none.
+fn items<'py>(obj: &Bound<'py, PyAny>, arg: &str, what: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    not_text(obj, arg, what)?;
+    let iter = obj
+        .try_iter()
+        .map_err(|_| type_error(format!("{arg}: expected {what}, got {}", type_name(obj))))?;
+    iter.collect()
+}
+
+fn request_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RequestId>> {
+    items(obj, "ids", "a sequence of request ids (ints or strs)")?
+        .iter()
+        .enumerate()
+        .map(|(i, item)| request_id(item, &format!("ids[{i}]")))
+        .collect()
+}
+
+/// `ids[i]` spelled for messages: `ids[3] ('req-7')`, or `ids[3]` past the end.
+fn element(arg: &str, i: usize, ids: &[RequestId]) -> String {
+    ids.get(i)
+        .map_or_else(|| format!("{arg}[{i}]"), |id| format!("{arg}[{i}] ({id})"))
+}
+
+fn capacity_value(Int(v): Int, arg: impl FnOnce() -> String) -> PyResult<usize> {
+    usize::try_from(v)
+        .ok()
+        .filter(|c| (1..=MAX_TREE_NODES).contains(c))
+        .ok_or_else(|| value_error(&arg(), format!("must be in 1..={MAX_TREE_NODES}, got {v}")))
+}
+
+/// One node budget per request: an int for all, or one int per id.
+fn capacities(obj: &Bound<'_, PyAny>, ids: &[RequestId]) -> PyResult<Vec<usize>> {
+    if let Ok(c) = obj.extract::<Int>() {
+        return Ok(vec![capacity_value(c, || "capacity".into())?; ids.len()]);
+    }
+    let values = items(obj, "capacity", "an int or a sequence of ints (one per id)")?;
+    if values.len() != ids.len() {
+        return Err(value_error(
+            "capacity",
+            format!(
+                "expected one entry per id ({}), got {}",
+                ids.len(),
+                values.len()
+            ),
+        ));
+    }
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let c = v.extract::<Int>().map_err(|_| {
+                type_error(format!(
+                    "{}: expected an int, got {}",
+                    element("capacity", i, ids),
+                    type_name(v)
+                ))
+            })?;
+            capacity_value(c, || element("capacity", i, ids))
+        })
+        .collect()
+}
+
+/// A pool of per-request RACER states (automaton + copy-logit table), drafted in one call.
+#[pyclass(name = "DraftPool", module = "racer_rs", frozen)]
+pub struct PyDraftPool {
+    inner: DraftPool,
+}
+
+#[pymethods]
+impl PyDraftPool {
+    #[new]
+    #[pyo3(signature = (vocab_size, *, ngram = Int(10), max_nodes = Int(10_000), breadth = Int(8), min_depth = Int(2), exempt_depth = Int(1), tree = "halving", min_score = 0.0, use_retrieval = true, use_logits = true, threads = Int(1)))]
+    #[pyo3(
+        text_signature = "(vocab_size, *, ngram=10, max_nodes=10000, breadth=8, min_depth=2, exempt_depth=1, tree='halving', min_score=0.0, use_retrieval=True, use_logits=True, threads=1)"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    fn py_new(
+        vocab_size: Int,
+        ngram: Int,
+        max_nodes: Int,
+        breadth: Int,
+        min_depth: Int,
+        exempt_depth: Int,
+        tree: &str,
+        min_score: f64,
+        use_retrieval: bool,
+        use_logits: bool,
+        threads: Int,
+    ) -> PyResult<Self> {
+        let scored = match tree {
+            "halving" => false,
+            "scored" => true,
+            other => {
+                return Err(value_error(
+                    "tree",
+                    format!("must be 'halving' or 'scored', got {other:?}"),
+                ));
+            }
+        };
+        let options = PoolOptions {
+            vocab_size: at_least(vocab_size, 1, "vocab_size")?,
+            ngram: at_least(ngram, 2, "ngram")?,
+            max_nodes: at_least(max_nodes, 1, "max_nodes")?,
+            breadth: at_least(breadth, 1, "breadth")?,
+            min_depth: at_least(min_depth, 1, "min_depth")?,
+            exempt_depth: exempt(exempt_depth)?,
+            scored,
+            #[allow(clippy::cast_possible_truncation)] // a threshold: f32 precision is plenty
+            min_score: if min_score.is_nan() { -1.0 } else { min_score as f32 },
+            use_retrieval,
+            use_logits,
+        };
+        let threads = at_least(threads, 1, "threads")?;
+        Ok(Self {
+            inner: DraftPool::new(options, threads)?,
+        })
+    }
+
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.inner.options().vocab_size
+    }
+
+    #[getter]
+    fn ngram(&self) -> usize {
+        self.inner.options().ngram
+    }
+
+    #[getter]
+    fn max_nodes(&self) -> usize {
+        self.inner.options().max_nodes
+    }
+
+    #[getter]
+    fn breadth(&self) -> usize {
+        self.inner.options().breadth
+    }
+
+    #[getter]
+    fn min_depth(&self) -> usize {
+        self.inner.options().min_depth
+    }
+
+    #[getter]
+    fn exempt_depth(&self) -> u32 {
+        self.inner.options().exempt_depth
+    }
+
+    #[getter]
+    fn tree(&self) -> &'static str {
+        if self.inner.options().scored {
+            "scored"
+        } else {
+            "halving"
+        }
+    }
+
+    #[getter]
+    fn min_score(&self) -> f32 {
+        self.inner.options().min_score
+    }
+
+    #[getter]
+    fn use_retrieval(&self) -> bool {
+        self.inner.options().use_retrieval
+    }
+
+    #[getter]
+    fn use_logits(&self) -> bool {
+        self.inner.options().use_logits
+    }
+
+    /// Most threads one batch call uses, the calling thread included (>= 1).
+    #[getter]
+    fn threads(&self) -> usize {
+        self.inner.threads()
+    }
+
+    #[setter]
+    fn set_threads(&self, threads: Int) -> PyResult<()> {
+        Ok(self.inner.set_threads(at_least(threads, 1, "threads")?)?)
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn __contains__(&self, id: &Bound<'_, PyAny>) -> bool {
+        request_id(id, "id").is_ok_and(|id| self.inner.contains(&id))
+    }
+
+    fn __repr__(&self) -> String {
+        let o = self.inner.options();
+        format!(
+            "DraftPool(vocab_size={}, requests={}, tree='{}', breadth={}, threads={})",
+            o.vocab_size,
+            self.inner.len(),
+            self.tree(),
+            o.breadth,
+            self.inner.threads()
+        )
+    }
+
+    /// The request ids, in insertion order.
+    fn ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let ids = self.inner.ids();
+        let objects = ids
+            .iter()
+            .map(|id| id_object(py, id))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, objects)
+    }
+
+    /// Approximate heap memory of every request's state, in bytes.
+    fn memory_bytes(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.inner.memory_bytes())
+    }
+
+    /// Remove every request.
+    fn clear(&self, py: Python<'_>) {
+        py.detach(|| self.inner.clear());
+    }
+
+    /// Start request ``id``: a new automaton indexing ``prompt_ids`` and an empty copy-logit
+    /// table.
+    fn add(
+        &self,
+        py: Python<'_>,
+        id: &Bound<'_, PyAny>,
+        prompt_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let id = request_id(id, "id")?;
+        let prompt = token_arg(prompt_ids, &format!("prompt_ids ({id})"))?;
+        let prompt = prompt.as_slice();
+        Ok(py.detach(|| self.inner.add(id, prompt))?)
+    }
+
+    /// Forget request ``id``.
+    fn remove(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = request_id(id, "id")?;
+        Ok(py.detach(|| self.inner.remove(&id))?)
+    }
+
+    /// Append committed tokens to each request's context (``tokens[i]`` to ``ids[i]``).
+    #[pyo3(signature = (ids, tokens, lengths = None))]
+    fn extend(
+        &self,
+        py: Python<'_>,
+        ids: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        lengths: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let ids = request_ids(ids)?;
+        if let Some(lengths) = lengths {
+            let flat = token_arg(tokens, "tokens")?;
+            let lengths: Vec<i64> = token_arg(lengths, "lengths")?
+                .as_slice()
+                .iter()
+                .map(|&n| i64::from(n))
+                .collect();
+            let flat = flat.as_slice();
+            return Ok(py.detach(|| {
+                let parts = split_ragged(flat, &lengths, &ids)?;
+                self.inner.extend(&ids, &parts)
+            })?);
+        }
+        if let Ok(a) = tokens.cast::<numpy::PyUntypedArray>() {
+            use numpy::PyUntypedArrayMethods;
+            if a.ndim() == 1 {
+                return Err(value_error(
+                    "tokens",
+                    "a flat array needs lengths= (one length per id); without it, pass one array per id",
+                ));
+            }
+        }
+        let parts = items(
+            tokens,
+            "tokens",
+            "one token array per id (or a flat array with lengths=)",
+        )?
+        .iter()
+        .enumerate()
+        .map(|(i, t)| token_arg(t, &element("tokens", i, &ids)))
+        .collect::<PyResult<Vec<Tokens<'_>>>>()?;
+        let slices: Vec<&[i32]> = parts.iter().map(Tokens::as_slice).collect();
+        Ok(py.detach(|| self.inner.extend(&ids, &slices))?)
+    }
+
+    /// Write copy-logit rows of request ``id`` (as ``LogitsTable.update``).
+    #[pyo3(signature = (id, tokens, topk_ids, topk_probs = None))]
+    fn update_topk(
+        &self,
+        py: Python<'_>,
+        id: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        topk_ids: &Bound<'_, PyAny>,
+        topk_probs: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let id = request_id(id, "id")?;
+        let t = token_arg(tokens, &format!("tokens ({id})"))?;
+        let arg = format!("topk_ids ({id})");
+        let (ids, n, k) = matrix(topk_ids, &arg)?;
+        if n != t.as_slice().len() {
+            return Err(value_error(
+                &arg,
+                format!("has {n} rows but tokens has {} entries", t.as_slice().len()),
+            ));
+        }
+        let probs_arg = format!("topk_probs ({id})");
+        let probs = topk_probs.map(|p| prob_matrix(p, &probs_arg)).transpose()?;
+        if let Some((_, pn, pk)) = &probs {
+            if (*pn, *pk) != (n, k) {
+                return Err(value_error(
+                    &probs_arg,
+                    format!("shape ({pn}, {pk}) differs from topk_ids ({n}, {k})"),
+                ));
+            }
+        }
+        let probs = probs.as_ref().map(|(p, _, _)| p.as_slice());
+        let tokens = t.as_slice();
+        Ok(py.detach(|| self.inner.update_topk(&id, tokens, &ids, k, probs))?)
+    }
+
+    /// One draft tree per request, rooted at ``last_tokens[i]``, in one GIL release.
+    #[pyo3(signature = (ids, last_tokens, capacity, *, calibration = None))]
+    fn propose(
+        &self,
+        py: Python<'_>,
+        ids: &Bound<'_, PyAny>,
+        last_tokens: &Bound<'_, PyAny>,
+        capacity: &Bound<'_, PyAny>,
+        calibration: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyBatchDraft> {
+        let ids = request_ids(ids)?;
+        let last = token_arg(last_tokens, "last_tokens")?;
+        let caps = capacities(capacity, &ids)?;
+        let calibration = calibration
+            .map(|c| prob_vector(c, "calibration"))
+            .transpose()?;
+        let last = last.as_slice();
+        let batch = py.detach(|| {
+            self.inner
+                .propose(&ids, last, &caps, calibration.as_deref())
+        })?;
+        Ok(PyBatchDraft { inner: batch })
+    }
+}
+
+/// The draft trees of one ``DraftPool.propose`` call, in the order of its ids.
+#[pyclass(name = "BatchDraft", module = "racer_rs", frozen)]
+pub struct PyBatchDraft {
+    inner: BatchDraft,
+}
+
+fn int64_array(py: Python<'_>, v: impl IntoIterator<Item = usize>) -> Bound<'_, PyArray1<i64>> {
+    #[allow(clippy::cast_possible_wrap)] // node counts are far below 2**63
+    let v: Vec<i64> = v.into_iter().map(|x| x as i64).collect();
+    PyArray1::from_vec(py, v)
+}
+
+#[pymethods]
+impl PyBatchDraft {
+    /// ``int32[total]``: every node's token, request after request.
+    #[getter]
+    fn tokens<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        array1(py, self.inner.tokens())
+    }
+
+    /// ``int32[total]``: every node's parent, local to its request (``-1`` at each root).
+    #[getter]
+    fn parents<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        array1(py, self.inner.parents())
+    }
+
+    /// ``int32[total]``: every node's edge cell (``-1`` at each root).
+    #[getter]
+    fn cells<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        array1(py, self.inner.cells())
+    }
+
+    /// ``int64[bs]``: nodes per request (root included).
+    #[getter]
+    fn counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        int64_array(
+            py,
+            self.inner.trees().iter().map(crate::tree::DraftTree::len),
+        )
+    }
+
+    /// ``int64[bs + 1]``: request ``i``'s nodes are ``offsets[i]:offsets[i + 1]``.
+    #[getter]
+    fn offsets<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        int64_array(py, self.inner.offsets().iter().copied())
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn __repr__(&self) -> String {
+        let offsets = self.inner.offsets();
+        format!(
+            "BatchDraft(requests={}, nodes={})",
+            self.inner.len(),
+            offsets[offsets.len() - 1]
+        )
+    }
+
+    /// Request ``i``'s tree (a copy; negative ``i`` counts from the end).
+    fn tree(&self, i: Int) -> PyResult<PyDraftTree> {
+        let bs = self.inner.len();
+        #[allow(clippy::cast_possible_wrap)] // batches are far below 2**63
+        let index = if i.0 < 0 { i.0 + bs as i64 } else { i.0 };
+        usize::try_from(index)
+            .ok()
+            .and_then(|j| self.inner.trees().get(j))
+            .map(|t| t.clone().into())
+            .ok_or_else(|| value_error("i", format!("index {} is outside -{bs}..{bs}", i.0)))
+    }
+
+    /// ``(tokens int64[bs * n], mask bool[bs * n * n])``: SGLang's n-gram layout.
+    fn sglang<'py>(&self, py: Python<'py>, n: Int) -> PyResult<Bound<'py, PyTuple>> {
+        let n = at_least(n, 1, "n")?;
+        let (tokens, mask) = py.detach(|| self.inner.sglang(n))?;
+        (PyArray1::from_vec(py, tokens), PyArray1::from_vec(py, mask)).into_pyobject(py)
+    }
+
+    /// Per request, up to ``k`` tokens of the best root-to-leaf path after the root.
+    fn chains<'py>(&self, py: Python<'py>, k: Int) -> PyResult<Bound<'py, PyList>> {
+        let k = at_least(k, 0, "k")?;
+        let chains = self.inner.chains(k);
+        PyList::new(py, chains.into_iter().map(|c| array1(py, c)))
+    }
+}
