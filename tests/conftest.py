@@ -45,3 +45,17 @@ def reference_model():  # type: ignore[no-untyped-def]
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.fixture
+def arctic() -> None:
+    """Skip a SuffixDecoding test without arctic-inference (the ``suffix`` extra); under
+    ``RACER_REQUIRE_SUFFIX=1`` (CI) fail it instead."""
+    from racer_rs import optional_deps
+
+    if optional_deps.installed("arctic_inference"):
+        return
+    reason = f"arctic-inference not installed ({optional_deps.INSTALL_COMMANDS['suffix']})"
+    if os.environ.get("RACER_REQUIRE_SUFFIX") == "1":
+        pytest.fail(f"RACER_REQUIRE_SUFFIX=1 but {reason}", pytrace=False)
+    pytest.skip(reason)

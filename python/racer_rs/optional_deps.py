@@ -12,13 +12,28 @@ import importlib.util
 
 from racer_rs.errors import MissingDependencyError
 
-__all__ = ["EXTRAS", "MissingDependencyError", "install_hint", "installed", "missing", "require"]
+__all__ = ["EXTRAS", "INSTALL_COMMANDS", "MissingDependencyError", "install_hint", "installed", "missing", "require"]
 
 #: Extra name -> the import names it provides (must match ``[project.optional-dependencies]``).
 EXTRAS: dict[str, tuple[str, ...]] = {
     "hf": ("torch", "transformers", "safetensors", "tqdm"),
     "gguf": ("gguf", "accelerate"),
     "plots": ("matplotlib",),
+    "suffix": ("arctic_inference",),
+}
+
+#: Extras whose plain ``pip install`` is not the way to get them: the exact commands instead.
+#: arctic-inference (0.3.0) ships only a source distribution and declares no runtime
+#: dependencies; a plain (build-isolated) ``pip install`` first installs torch>=2.10 with its
+#: CUDA libraries (3.5 GB here) into a throwaway build environment, about 14 minutes on two
+#: cores. Built against the torch already installed, with the build tools it needs, it takes
+#: about a minute.
+INSTALL_COMMANDS: dict[str, str] = {
+    "suffix": (
+        "pip install 'setuptools>=70.1' nanobind==2.9.2 cmake ninja grpcio-tools protobuf==5.29.6 && "
+        "pip install --no-build-isolation --no-deps arctic-inference==0.3.0 "
+        "(or pip install 'racer-rs[suffix]', whose isolated build first downloads torch)"
+    ),
 }
 
 
@@ -36,7 +51,9 @@ def missing(extra: str) -> list[str]:
 
 
 def install_hint(extra: str) -> str:
-    """The pip command that installs ``extra``."""
+    """The pip command(s) that install ``extra``."""
+    if extra in INSTALL_COMMANDS:
+        return INSTALL_COMMANDS[extra]
     return f"pip install 'racer-rs[{extra}]' (from a checkout: pip install '.[{extra}]')"
 
 

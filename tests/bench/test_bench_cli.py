@@ -493,3 +493,26 @@ def test_methods_may_carry_their_own_capacity_including_auto(tiny_model, data_fi
 def test_bad_method_capacities_are_one_line_errors(tiny_model, data_file, tmp_path, capsys, methods, fragment):
     code, _, err, _ = run_bench(capsys, bench_args(tiny_model, data_file, tmp_path / "out", "--methods", methods))
     assert_one_line_error(code, err, fragment)
+
+
+def test_suffix_is_reported_as_learning_across_requests(arctic, tiny_model, data_file, tmp_path, capsys):
+    """SuffixDecoding's global tree is kept between questions (unlike the other methods' state
+    without --persistent): the config says so, a note line says so, and its warm-up runs on a
+    throwaway drafter, so the first timed question does not draft from the warm-up's answer."""
+    from racer_rs.bench.runner import LEARNS_ACROSS_REQUESTS
+
+    code, out, stderr, report = run_bench(
+        capsys,
+        bench_args(
+            tiny_model, data_file, tmp_path / "out", "--methods", "ar,racer,suffix", "--temperature", "0",
+            "--no-plots", "--limit", "1", "--warmup", "1",
+        ),
+    )
+    assert code == 0, stderr
+    states = report["config"]["state_by_method"]
+    assert states == {"suffix": LEARNS_ACROSS_REQUESTS}
+    assert "note: suffix: global tree of past responses learns across requests" in out
+    records = [r for r in report["records"] if r["method"] == "suffix"]
+    assert [r["extras"]["cached_requests"] for r in records] == list(range(1, len(records) + 1))
+    assert all(r["extras"]["global_tree"] is True and r["extras"]["mode"] == "tree" for r in records)
+    assert all(r["mismatch"] is False for r in records)

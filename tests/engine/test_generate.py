@@ -161,6 +161,8 @@ def test_registry_lists_every_method_and_imports_lazily() -> None:
         "draft_model",
         "tts",
         "racer_tts",
+        "suffix",
+        "suffix_chain",
     }
     assert all(":" in target for target in METHODS.values())
 

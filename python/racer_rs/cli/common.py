@@ -141,13 +141,18 @@ def available_methods() -> list[str]:
 
 
 def method_importable(method: str) -> bool:
-    """True when ``method`` is registered and its module can be found (without importing it)."""
+    """True when ``method`` is registered, its module can be found and the extra it needs (if
+    any) is installed; nothing is imported (``find_spec`` only)."""
     import importlib.util
 
     from racer_rs import drafters
+    from racer_rs.optional_deps import missing
 
     target = drafters.METHODS.get(method)
     if target is None:
+        return False
+    extra = drafters.METHOD_EXTRAS.get(method)
+    if extra is not None and missing(extra):
         return False
     try:
         return importlib.util.find_spec(target.split(":")[0]) is not None
@@ -156,7 +161,10 @@ def method_importable(method: str) -> bool:
 
 
 def check_methods(methods: Sequence[str], extra: Sequence[str] = ()) -> None:
-    """Raise CLIError for an unknown or repeated method name (``extra``: more accepted names)."""
+    """Raise CLIError for an unknown or repeated method name (``extra``: more accepted names),
+    or for a method whose optional extra is not installed (before any model is loaded)."""
+    from racer_rs.drafters import METHOD_EXTRAS
+
     known = available_methods() + list(extra)
     for method in methods:
         if method not in known:
@@ -164,6 +172,9 @@ def check_methods(methods: Sequence[str], extra: Sequence[str] = ()) -> None:
     repeated = sorted({m for m in methods if list(methods).count(m) > 1})
     if repeated:
         raise CLIError(f"method {repeated[0]!r} is listed more than once")
+    for method in methods:
+        if method in METHOD_EXTRAS:
+            require_extra(METHOD_EXTRAS[method], f"method {method!r}")
 
 
 def check_options(options: dict[str, Any], method: str) -> None:

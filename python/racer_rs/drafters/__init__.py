@@ -25,6 +25,15 @@ METHODS: dict[str, str] = {
     "draft_model": "racer_rs.drafters.draft_model:make_drafter",
     "tts": "racer_rs.drafters.tts:make_drafter",
     "racer_tts": "racer_rs.drafters.racer_tts:make_drafter",
+    "suffix": "racer_rs.drafters.suffix:suffix",
+    "suffix_chain": "racer_rs.drafters.suffix:suffix_chain",
+}
+
+#: Methods that need an optional extra beyond the engine's (see :mod:`racer_rs.optional_deps`);
+#: building one without it raises ``MissingDependencyError`` before any work.
+METHOD_EXTRAS: dict[str, str] = {
+    "suffix": "suffix",
+    "suffix_chain": "suffix",
 }
 
 
