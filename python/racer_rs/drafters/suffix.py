@@ -198,6 +198,11 @@ class SuffixDrafter(Drafter):
         # The cache's Python bookkeeping (dicts of requests and sequence ids) is not atomic:
         # requests of several threads sharing this drafter take turns on it.
         self._lock = threading.Lock()
+        # Each thread's current request (concurrent requests share the cache, not their ids).
+        self._thread_state = threading.local()
+
+    def _per_thread(self) -> threading.local:
+        return self._thread_state
 
     @property
     def learns_across_requests(self) -> bool:
