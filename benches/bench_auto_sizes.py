@@ -5,7 +5,7 @@ turn; the model's chat template where it has one) and prints, per method and mod
 of chosen sizes, predicted and observed tokens per step, and the cost curve it used. Example
 (the 7M test model, float32, one thread):
 
-    python benches/bench_auto_sizes.py --model pycode-target-7m --data ../shared/data/code_completion.jsonl \\
+    python benches/bench_auto_sizes.py --model pycode-target-7m --data data/code_completion.jsonl \\
         --limit 4 --max-new-tokens 128 --threads 1
 """
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def find_tokenizer(explicit: str | None) -> Path:
     candidates = [explicit] if explicit else []
-    shared = os.environ.get("RACER_SHARED_DIR", str(ROOT.parent / "shared"))
+    shared = str(ROOT)  # the repository ships models/ and data/
     candidates += [
         str(ROOT / "models/pycode-target-7m/tokenizer.json"),
         str(Path(shared) / "models/pycode-target-7m/tokenizer.json"),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SHARED = Path(os.environ.get("RACER_SHARED_DIR", REPO_ROOT.parent / "shared"))
+DEFAULT_SHARED = REPO_ROOT  # the repository ships models/ and data/
 SETTINGS: dict[str, dict[str, Any]] = {
     "greedy": {"temperature": 0.0},
     "sampling": {"temperature": 0.8, "top_p": 0.95},

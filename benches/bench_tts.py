@@ -1,7 +1,7 @@
 """Test-Time Speculation on long completions (issue 4's benchmark).
 
 Target ``pycode-target-7m`` and draft ``pycode-draft-1m`` (trained on 128-token windows only)
-from ``$RACER_SHARED_DIR/models``; prompts are the first ``--limit`` rows of
+from the repository's ``models/``; prompts are the first ``--limit`` rows of
 ``code_completion.jsonl`` (``turns[0]``, cut to their last ``--max-prompt-tokens`` tokens).
 Each prompt is completed greedily for ``--max-new-tokens`` (>= 1024) tokens by ``ar``,
 ``draft_model``, ``tts`` with S = 1, 5, 10 (async), ``tts`` S = 5 sync, and ``racer_tts``
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import time
@@ -35,7 +34,7 @@ import racer_rs
 from position_buckets import BUCKET, acceptance_by_bucket, plot_acceptance, tts_update_summary
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("RACER_SHARED_DIR", ROOT.parent / "shared"))
+SHARED = ROOT  # the repository ships models/ and data/
 
 
 def method_table(args: argparse.Namespace) -> dict[str, tuple[str, dict[str, Any]]]:

@@ -133,8 +133,7 @@ impl PoolOptions {
     pub fn check(&self) -> Result<()> {
         LogitsTable::check_shape(self.vocab_size, self.breadth)
             .map_err(|e| renamed(e, "top_k", "breadth"))?;
-        Automaton::check_options(self.ngram, self.max_nodes, self.min_depth)
-            .map_err(|e| renamed(e, "capacity", "max_nodes"))?;
+        Automaton::check_options(self.ngram, self.max_nodes, self.min_depth)?;
         if !(0.0..=1.0).contains(&self.min_score) {
             return Err(invalid(
                 "min_score",

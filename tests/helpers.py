@@ -118,11 +118,7 @@ def tiny_model(family: str, seed: int = 0, vocab: int = VOCAB, sharpen: float = 
     model = FAMILIES[family](vocab).float().eval()
     if sharpen != 1.0:
         with torch.no_grad():
-            head = model.get_output_embeddings()
-            if model.config.tie_word_embeddings:
-                head.weight.mul_(sharpen)
-            else:
-                head.weight.mul_(sharpen)
+            model.get_output_embeddings().weight.mul_(sharpen)  # tied or not: the head's rows
     return model
 
 

@@ -92,11 +92,33 @@ class DraftTree:
 class Automaton:
     """Aho-Corasick automaton over the token stream with LRU eviction under a node budget."""
 
-    def __new__(cls, ngram: int = 10, capacity: int = 10_000, min_depth: int = 2) -> Automaton: ...
+    def __new__(
+        cls, ngram: int = 10, max_nodes: int | None = None, min_depth: int = 2, *, capacity: int | None = None
+    ) -> Automaton:
+        """An empty automaton.
+
+        Args:
+            ngram: longest substring indexed (``2..=64``).
+            max_nodes: the node budget (LRU eviction beyond it; default 10,000); at least
+                ``ngram * (ngram + 1) / 2``. This is the index's size, not a draft tree's
+                (``capacity`` in ``generate``).
+            min_depth: shortest context suffix a retrieval border may match (``1..=ngram``).
+            capacity: ``max_nodes``'s earlier name, still accepted (not both).
+
+        Raises:
+            InvalidArgumentError: a value out of range (the message names it).
+        """
+
     @property
     def ngram(self) -> int: ...
     @property
-    def capacity(self) -> int: ...
+    def max_nodes(self) -> int:
+        """The node budget."""
+
+    @property
+    def capacity(self) -> int:
+        """The node budget (``max_nodes``'s earlier name)."""
+
     @property
     def min_depth(self) -> int: ...
     @property
@@ -128,7 +150,7 @@ class Automaton:
 
     def memory_bytes(self) -> int: ...
     def check_integrity(self) -> None:
-        """Raise ``RuntimeError`` if any internal invariant is broken (slow; for tests)."""
+        """Raise ``StateError`` (a ``RuntimeError``) if an internal invariant is broken (slow; for tests)."""
 
 @final
 class LogitsTable:

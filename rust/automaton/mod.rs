@@ -25,6 +25,8 @@ const NIL: u32 = u32::MAX;
 const ROOT: u32 = 0;
 /// Longest n-gram accepted; deeper tries buy nothing and cost O(ngram^2) capacity.
 pub const MAX_NGRAM: usize = 64;
+/// Largest node budget: node indices are `u32` with two values reserved.
+pub const MAX_NODES: usize = (NIL - 2) as usize;
 
 #[derive(Debug, Clone)]
 struct Node {
@@ -109,12 +111,18 @@ impl Automaton {
             ));
         }
         let window = ngram * (ngram + 1) / 2;
-        if capacity < window || capacity >= (NIL - 1) as usize {
+        if capacity < window {
             return Err(invalid(
-                "capacity",
+                "max_nodes",
                 format!(
                     "must be >= ngram * (ngram + 1) / 2 = {window} (every substring of one window must fit), got {capacity}"
                 ),
+            ));
+        }
+        if capacity > MAX_NODES {
+            return Err(invalid(
+                "max_nodes",
+                format!("must be <= {MAX_NODES}, got {capacity}"),
             ));
         }
         if !(1..=ngram).contains(&min_depth) {

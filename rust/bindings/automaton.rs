@@ -4,8 +4,10 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 
 use super::arrays::{Int, at_least, token_arg, token_id};
+use super::errors::value_error;
 use super::tree::PyDraftTree;
 use crate::automaton::Automaton;
+use crate::error::Error;
 
 /// Inputs shorter than this are processed without releasing the GIL (the handoff costs more).
 const DETACH_MIN_TOKENS: usize = 64;
@@ -19,14 +21,42 @@ pub struct PyAutomaton {
 #[pymethods]
 impl PyAutomaton {
     #[new]
-    #[pyo3(signature = (ngram = Int(10), capacity = Int(10_000), min_depth = Int(2)))]
-    #[pyo3(text_signature = "(ngram=10, capacity=10000, min_depth=2)")]
-    fn py_new(ngram: Int, capacity: Int, min_depth: Int) -> PyResult<Self> {
+    #[pyo3(signature = (ngram = Int(10), max_nodes = None, min_depth = Int(2), *, capacity = None))]
+    #[pyo3(text_signature = "(ngram=10, max_nodes=None, min_depth=2, *, capacity=None)")]
+    fn py_new(
+        ngram: Int,
+        max_nodes: Option<Int>,
+        min_depth: Int,
+        capacity: Option<Int>,
+    ) -> PyResult<Self> {
         let ngram = at_least(ngram, 2, "ngram")?;
-        let capacity = at_least(capacity, 1, "capacity")?;
+        // `capacity` is the node budget's earlier name, kept as an alias.
+        let (name, budget) = match (max_nodes, capacity) {
+            (Some(_), Some(_)) => {
+                return Err(value_error(
+                    "max_nodes",
+                    "given twice (capacity is its alias)",
+                ));
+            }
+            (Some(n), None) => ("max_nodes", n),
+            (None, Some(c)) => ("capacity", c),
+            (None, None) => ("max_nodes", Int(10_000)),
+        };
+        let capacity = at_least(budget, 1, name)?;
         let min_depth = at_least(min_depth, 1, "min_depth")?;
         Ok(Self {
-            inner: Mutex::new(Automaton::new(ngram, capacity, min_depth)?),
+            inner: Mutex::new(
+                Automaton::new(ngram, capacity, min_depth).map_err(|e| match e {
+                    // Name the budget as the caller spelled it.
+                    Error::InvalidArgument { arg, msg } if arg == "max_nodes" => {
+                        Error::InvalidArgument {
+                            arg: name.into(),
+                            msg,
+                        }
+                    }
+                    other => other,
+                })?,
+            ),
         })
     }
 
@@ -35,6 +65,13 @@ impl PyAutomaton {
         self.inner.lock().ngram()
     }
 
+    /// The node budget (LRU eviction beyond it).
+    #[getter]
+    fn max_nodes(&self) -> usize {
+        self.inner.lock().capacity()
+    }
+
+    /// The node budget: `max_nodes`'s earlier name.
     #[getter]
     fn capacity(&self) -> usize {
         self.inner.lock().capacity()
@@ -57,7 +94,7 @@ impl PyAutomaton {
     fn __repr__(&self) -> String {
         let a = self.inner.lock();
         format!(
-            "Automaton(ngram={}, capacity={}, min_depth={}, nodes={})",
+            "Automaton(ngram={}, max_nodes={}, min_depth={}, nodes={})",
             a.ngram(),
             a.capacity(),
             a.min_depth(),

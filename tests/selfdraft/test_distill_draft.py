@@ -174,7 +174,7 @@ def test_teacher_rows_line_up_with_the_drafts_positions(target) -> None:
     samples = list(shard.samples())
     same = evaluate(self_draft(target, 4), samples, None, batch_size=2)
     assert same["kl"] < 1e-4 and same["agreement"] == 1.0  # float16 storage of the teacher
-    # The counterpart: rows shifted by one position (the off-by-one of tts.md pitfall 1).
+    # The counterpart: rows shifted by one position (the classic off-by-one of this loss).
     draft = self_draft(target, 4)
     batch = make_batch(samples, None, torch.device("cpu"), generated_only=True)
     shifted = Batch(batch.input_ids, (batch.rows[0], batch.rows[1] + 1), batch.teacher_ids, batch.teacher_logp)

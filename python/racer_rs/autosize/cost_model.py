@@ -4,7 +4,8 @@ Speculative decoding pays off only when the tokens a tree adds are worth what ve
 and that cost depends on the hardware: nearly flat up to 64 nodes on a datacenter GPU, steep on a
 CPU. :func:`measure_forward_cost` times the real verification path (:class:`TreeVerifier`: tree
 mask, position ids, KV cache) at a given context length, interleaving the sizes over several rounds
-so that machine noise hits every size alike, and reports the median per size. :class:`CostModel`
+so that machine noise hits every size alike, and reports a statistic of the rounds per size (the
+median by default; the cost model keeps the fastest round, the least disturbed). :class:`CostModel`
 turns two such curves into step-time predictions corrected online by the engine's own timings.
 """
 
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from racer_rs._native import DraftTree
-from racer_rs.engine.verifier import TreeVerifier
+from racer_rs.engine.verifier import TreeVerifier, vocab_size
 from racer_rs.errors import InvalidArgumentError
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -57,7 +58,7 @@ def measure_forward_cost(
     if context < 1 or rounds < 1:
         raise InvalidArgumentError("context and rounds must be >= 1")
     verifier = TreeVerifier(model)
-    vocab = int(model.get_output_embeddings().weight.shape[0])
+    vocab = vocab_size(model)
     prompt = np.random.default_rng(seed).integers(0, vocab, size=context, dtype=np.int64).astype(np.int32)
     verifier.prefill(prompt)
     trees = {int(n): synthetic_tree(int(n), vocab) for n in sizes}

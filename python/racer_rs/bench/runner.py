@@ -16,6 +16,7 @@ from typing import Any
 from racer_rs.bench.prompts import Question
 from racer_rs.bench.prompting import encode_conversation, encode_text
 from racer_rs.bench.hf_peers import PEERS
+from racer_rs._validate import capacity as capacity_rule
 from racer_rs.errors import InvalidArgumentError, error_context
 
 #: New-token cap of a warm-up run.
@@ -93,20 +94,8 @@ def split_label(label: str) -> tuple[str, str | None]:
 
 
 def parse_capacity(text: str) -> int | str:
-    """A tree capacity: an int >= 1, or ``"auto"``.
-
-    Raises:
-        ValueError: anything else.
-    """
-    if text == "auto":
-        return "auto"
-    try:
-        value = int(text)
-    except ValueError:
-        raise InvalidArgumentError(f"capacity must be an int >= 1 or 'auto', got {text!r}") from None
-    if value < 1:
-        raise InvalidArgumentError(f"capacity must be an int >= 1 or 'auto', got {text!r}")
-    return value
+    """A tree capacity: an int >= 1, or ``"auto"`` (the one rule: :func:`racer_rs._validate.capacity`)."""
+    return capacity_rule("capacity", text)
 
 
 @dataclass

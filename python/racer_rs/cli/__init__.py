@@ -25,6 +25,9 @@ def build_parser() -> ArgumentParser:
         prog="racer",
         description="Fast, lossless, training-free speculative decoding (racer_rs).",
     )
+    from racer_rs import __version__
+
+    parser.add_argument("--version", action="version", version=f"racer (racer_rs) {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     generate.add_parser(subparsers)
     bench.add_parser(subparsers)

@@ -13,26 +13,6 @@ from racer_rs.cli.loading import DTYPES
 #: Methods whose drafter is a separate draft model (passed as the ``draft_model`` option), and
 #: transformers' assisted generation (a peer in ``racer bench``).
 DRAFT_MODEL_METHODS = frozenset({"draft_model", "tts", "racer_tts", "hf_assisted"})
-#: Keyword arguments of ``racer_rs.generate`` that have their own flags; not valid as --option.
-RESERVED_OPTIONS = frozenset(
-    {
-        "model",
-        "input_ids",
-        "method",
-        "max_new_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "eos_token_id",
-        "capacity",
-        "seed",
-        "streamer",
-        "drafter",
-        "draft_model",
-    }
-)
-
-
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     value = _int(text)
@@ -43,11 +23,12 @@ def positive_int(text: str) -> int:
 
 def capacity(text: str) -> int | str:
     """argparse type: a tree capacity (an integer >= 1) or ``auto``."""
-    from racer_rs.bench.runner import parse_capacity
+    from racer_rs._validate import capacity as capacity_rule
+    from racer_rs.errors import RacerError
 
     try:
-        return parse_capacity(text)
-    except ValueError as exc:
+        return capacity_rule("capacity", text)
+    except RacerError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -177,10 +158,22 @@ def check_methods(methods: Sequence[str], extra: Sequence[str] = ()) -> None:
             require_extra(METHOD_EXTRAS[method], f"method {method!r}")
 
 
+def reserved_options() -> frozenset[str]:
+    """``racer_rs.generate``'s own keyword arguments (they have flags; a drafter option of the same
+    name would clash inside generate), plus ``draft_model`` (``--draft-model``)."""
+    import inspect
+
+    from racer_rs.engine.generation import generate
+
+    parameters = inspect.signature(generate).parameters.values()
+    return frozenset(p.name for p in parameters if p.kind is not p.VAR_KEYWORD) | {"draft_model"}
+
+
 def check_options(options: dict[str, Any], method: str) -> None:
     """Reject --option keys that have their own flag (they would clash inside generate)."""
+    reserved = reserved_options()
     for key in options:
-        if key in RESERVED_OPTIONS:
+        if key in reserved:
             raise CLIError(f"--option {key!r} (method {method}): use the dedicated flag instead")
 
 

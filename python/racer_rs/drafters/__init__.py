@@ -54,22 +54,38 @@ def make_drafter(method: str, model: Any, **options: Any) -> Drafter:
         ValueError: unknown method or an option the method does not take.
         TypeError: ``method`` is not a string.
     """
+    factory = _factory(method)
+    _check_options(method, factory, options)
+    return factory(model, **options)
+
+
+def accepted_options(method: str) -> tuple[str, ...]:
+    """The option names ``method``'s drafter takes (its module is imported)."""
+    factory = _factory(method)
+    declared = getattr(factory, "accepted_options", None)
+    if declared is not None:
+        return tuple(declared)
+    parameters = inspect.signature(factory).parameters.values()
+    return tuple(
+        p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "model"
+    )
+
+
+def _factory(method: str) -> Any:
     if not isinstance(method, str):
         raise InvalidTypeError(f"method must be a string, got {type(method).__name__}")
     if method not in METHODS:
         raise InvalidArgumentError(f"method: unknown method {method!r}; available: {', '.join(METHODS)}")
     module_name, factory_name = METHODS[method].split(":")
-    factory = getattr(importlib.import_module(module_name), factory_name)
-    _check_options(method, factory, options)
-    return factory(model, **options)
+    return getattr(importlib.import_module(module_name), factory_name)
 
 
 def _check_options(method: str, factory: Any, options: dict[str, Any]) -> None:
     parameters = inspect.signature(factory).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+    if getattr(factory, "accepted_options", None) is None and any(p.kind is p.VAR_KEYWORD for p in parameters):
         return  # the factory validates its own options
-    accepted = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL} - {"model"}
-    unknown = sorted(set(options) - accepted)
+    accepted = accepted_options(method)
+    unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise InvalidArgumentError(
             f"unknown option(s) {', '.join(unknown)} for method {method!r}; accepted: {', '.join(sorted(accepted)) or 'none'}"

@@ -22,7 +22,9 @@ import torch
 from racer_rs._native import DraftTree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart
 from racer_rs.engine.sampling import SamplingConfig, process_logits
-from racer_rs.errors import InvalidArgumentError, InvalidTypeError
+from racer_rs import _validate as rules
+from racer_rs.errors import InvalidTypeError
+from racer_rs.engine.verifier import vocab_size
 
 
 def check_draft_model(draft_model: Any) -> None:
@@ -41,15 +43,6 @@ def check_draft_model(draft_model: Any) -> None:
         raise InvalidTypeError(f"draft_model must be a decoder-only causal LM, got {type(draft_model).__name__}")
 
 
-def check_positive_int(value: Any, name: str) -> int:
-    """Return ``value`` if it is an int >= 1, else raise naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise InvalidArgumentError(f"{name} must be >= 1, got {value}")
-    return value
-
-
 class DraftModelDrafter(Drafter):
     """Chain drafting with a standalone draft LM (see the module docstring).
 
@@ -64,12 +57,12 @@ class DraftModelDrafter(Drafter):
 
     def __init__(self, model: Any = None, *, draft_model: Any = None, canvas: int = 8) -> None:
         check_draft_model(draft_model)
-        self.canvas = check_positive_int(canvas, "canvas")
+        self.canvas = rules.integer("canvas", canvas, minimum=1)
         self.draft = draft_model
         self._device = next(draft_model.parameters()).device
         self._sampling = SamplingConfig()
         self._generator: torch.Generator | None = None
-        self._vocab_size = int(draft_model.get_output_embeddings().weight.shape[0])
+        self._vocab_size = vocab_size(draft_model)
         self._cache: Any = None
         self._cached_ids = np.empty(0, dtype=np.int32)
 

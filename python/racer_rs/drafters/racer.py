@@ -19,13 +19,73 @@ breadth halving".
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from racer_rs._native import Automaton, LogitsTable, build_draft_tree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
+from racer_rs import _validate as rules
 from racer_rs.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class RacerOptions:
+    """RACER's drafting options: one list for every racer method, ``racer_tts`` and
+    :class:`racer_rs.DraftPool` (which takes the same names).
+
+    Attributes:
+        ngram: longest n-gram the automaton indexes.
+        max_nodes: the automaton's node budget (LRU eviction beyond it); not the draft tree's
+            size, which is ``generate``'s ``capacity``.
+        breadth: ids per copy-logit row (the target's top-k), also the logits tree's root
+            breadth (the reference's ``max_breadth``).
+        min_depth: shortest context suffix a retrieval border may match.
+        exempt_depth: depths (from the root) whose breadth is not halved in the logits tree.
+        persistent: keep the automaton and table across requests (the reference code's
+            behaviour); default is per-request state.
+        min_score: scored trees only: leave out nodes whose estimated path probability is
+            below this (0 keeps the tree at full capacity). On hardware where each extra node
+            costs verification time (CPUs), a small threshold trades useless nodes for speed.
+    """
+
+    ngram: int = 10
+    max_nodes: int = 10_000
+    breadth: int = 8
+    min_depth: int = 2
+    exempt_depth: int = 1
+    persistent: bool = False
+    min_score: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("ngram", "max_nodes", "breadth", "min_depth"):
+            rules.integer(name, getattr(self, name), minimum=1)
+        rules.integer("exempt_depth", self.exempt_depth, minimum=0)
+        rules.flag("persistent", self.persistent)
+        object.__setattr__(self, "min_score", rules.probability("min_score", self.min_score))
+
+    @classmethod
+    def for_method(cls, method: str, options: dict[str, Any]) -> RacerOptions:
+        """The options ``method`` was given; any option the method does not take is an error."""
+        accepted = METHOD_OPTIONS[method]
+        unknown = sorted(set(options) - set(accepted))
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown option(s) {', '.join(unknown)} for method {method!r}; accepted: {', '.join(accepted)}"
+            )
+        return cls(**options)
+
+
+RETRIEVAL_OPTIONS = ("ngram", "max_nodes", "min_depth")
+LOGITS_OPTIONS = ("breadth", "exempt_depth")
+#: The options each racer method takes (the others keep their defaults there).
+METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
+    "racer": (*RETRIEVAL_OPTIONS, *LOGITS_OPTIONS, "persistent"),
+    "racer_scored": (*RETRIEVAL_OPTIONS, "breadth", "persistent", "min_score"),
+    "racer_retrieval": (*RETRIEVAL_OPTIONS, "persistent"),
+    "racer_logits": (*LOGITS_OPTIONS, "persistent"),
+}
 
 
 class RacerDrafter(Drafter):
@@ -33,22 +93,12 @@ class RacerDrafter(Drafter):
 
     Args:
         model: unused.
-        ngram: longest n-gram the automaton indexes.
-        max_nodes: automaton node budget (LRU eviction beyond it).
-        top_k: ids per copy-logit row (the target's top-k), also the logits tree's root
-            breadth (the reference's ``max_breadth``). Through :func:`racer_rs.generate` it is
-            the ``breadth`` option, as ``top_k`` there is the sampling filter.
-        min_depth: shortest context suffix a retrieval border may match.
-        exempt_depth: depths (from the root) whose breadth is not halved in the logits tree.
-        persistent: keep the automaton and table across requests (the reference code's
-            behaviour); default is per-request state.
+        options: the drafting options (:class:`RacerOptions`); keyword options may be given
+            instead, e.g. ``RacerDrafter(persistent=True)``.
         use_retrieval: draft from the automaton.
         use_logits: draft from the copy-logit table.
         tree: ``"halving"`` (the paper's merge) or ``"scored"`` (best first by estimated
             path probability).
-        min_score: scored trees only: leave out nodes whose estimated path probability is
-            below this (0 keeps the tree at full capacity). On hardware where each extra node
-            costs verification time (CPUs), a small threshold trades useless nodes for speed.
     """
 
     name = "racer"
@@ -56,42 +106,38 @@ class RacerDrafter(Drafter):
     def __init__(
         self,
         model: Any = None,
-        ngram: int = 10,
-        max_nodes: int = 10_000,
-        top_k: int = 8,
-        min_depth: int = 2,
-        exempt_depth: int = 1,
-        persistent: bool = False,
+        options: RacerOptions | None = None,
+        *,
         use_retrieval: bool = True,
         use_logits: bool = True,
         tree: str = "halving",
-        min_score: float = 0.0,
+        **keyword_options: Any,
     ) -> None:
         del model
-        if tree not in ("halving", "scored"):
-            raise InvalidArgumentError(f"tree must be 'halving' or 'scored', got {tree!r}")
-        if not (use_retrieval or use_logits):
+        if options is None:
+            options = RacerOptions(**keyword_options)
+        elif keyword_options:
+            raise InvalidArgumentError("pass RACER's options either as a RacerOptions or as keywords, not both")
+        rules.choice("tree", tree, ("halving", "scored"))
+        if not (rules.flag("use_retrieval", use_retrieval) or rules.flag("use_logits", use_logits)):
             raise InvalidArgumentError("use_retrieval and use_logits cannot both be False")
-        if top_k < 1:
-            raise InvalidArgumentError(f"breadth (top_k) must be >= 1, got {top_k}")
+        self.options = options
         self.use_retrieval = use_retrieval
         self.use_logits = use_logits
-        self.persistent = persistent
-        self.exempt_depth = exempt_depth
-        self.top_k = top_k
-        self.needs_topk = top_k if use_logits else 0
-        if not 0.0 <= min_score <= 1.0:
-            raise InvalidArgumentError(f"min_score must be in [0, 1], got {min_score}")
+        self.persistent = options.persistent
+        self.exempt_depth = options.exempt_depth
+        self.breadth = options.breadth
+        self.needs_topk = options.breadth if use_logits else 0
         self.scored = tree == "scored"
-        self.min_score = float(min_score)
+        self.min_score = options.min_score
         self.needs_topk_probs = self.scored and use_logits
-        self.automaton = Automaton(ngram=ngram, capacity=max_nodes, min_depth=min_depth)
+        self.automaton = Automaton(ngram=options.ngram, max_nodes=options.max_nodes, min_depth=options.min_depth)
         self.table: LogitsTable | None = None
 
     def begin(self, request: RequestStart) -> None:
         """Reset (unless persistent), then index the prompt and seed the table."""
         if self.table is None or self.table.vocab_size != request.vocab_size:
-            self.table = LogitsTable(request.vocab_size, self.top_k)
+            self.table = LogitsTable(request.vocab_size, self.breadth)
         elif not self.persistent:
             self.table.clear()
         if not self.persistent:
@@ -143,54 +189,25 @@ class RacerDrafter(Drafter):
         }
 
 
-def racer(
-    model: Any = None,
-    ngram: int = 10,
-    max_nodes: int = 10_000,
-    breadth: int = 8,
-    min_depth: int = 2,
-    exempt_depth: int = 1,
-    persistent: bool = False,
-) -> RacerDrafter:
-    """RACER with both sources (the registry's ``racer``); ``breadth`` is the table's top-k."""
-    return RacerDrafter(model, ngram, max_nodes, breadth, min_depth, exempt_depth, persistent)
+def _method(name: str, **settings: Any) -> Any:
+    """The registry factory of racer method ``name``: its options are :data:`METHOD_OPTIONS`'s."""
+
+    def factory(model: Any = None, **options: Any) -> RacerDrafter:
+        drafter = RacerDrafter(model, RacerOptions.for_method(name, options), **settings)
+        drafter.name = name
+        return drafter
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = f"The registry's ``{name}`` (options: {', '.join(METHOD_OPTIONS[name])})."
+    factory.accepted_options = METHOD_OPTIONS[name]  # type: ignore[attr-defined]
+    return factory
 
 
-def racer_scored(
-    model: Any = None,
-    ngram: int = 10,
-    max_nodes: int = 10_000,
-    breadth: int = 8,
-    min_depth: int = 2,
-    persistent: bool = False,
-    min_score: float = 0.0,
-) -> RacerDrafter:
-    """RACER's two sources in a probability-scored tree (best first by estimated path
-    probability); ``breadth`` is the table's top-k; ``min_score`` prunes unlikely nodes."""
-    drafter = RacerDrafter(
-        model, ngram, max_nodes, breadth, min_depth, persistent=persistent, tree="scored", min_score=min_score
-    )
-    drafter.name = "racer_scored"
-    return drafter
-
-
-def racer_retrieval(
-    model: Any = None,
-    ngram: int = 10,
-    max_nodes: int = 10_000,
-    min_depth: int = 2,
-    persistent: bool = False,
-) -> RacerDrafter:
-    """RACER ablation that drafts from the automaton only."""
-    drafter = RacerDrafter(model, ngram, max_nodes, min_depth=min_depth, persistent=persistent, use_logits=False)
-    drafter.name = "racer_retrieval"
-    return drafter
-
-
-def racer_logits(
-    model: Any = None, breadth: int = 8, exempt_depth: int = 1, persistent: bool = False
-) -> RacerDrafter:
-    """RACER ablation that drafts from the copy-logit table only."""
-    drafter = RacerDrafter(model, top_k=breadth, exempt_depth=exempt_depth, persistent=persistent, use_retrieval=False)
-    drafter.name = "racer_logits"
-    return drafter
+#: RACER with both sources, the paper's merge.
+racer = _method("racer")
+#: RACER's two sources in a probability-scored tree (best first by estimated path probability).
+racer_scored = _method("racer_scored", tree="scored")
+#: Ablation: the automaton only.
+racer_retrieval = _method("racer_retrieval", use_logits=False)
+#: Ablation: the copy-logit table only.
+racer_logits = _method("racer_logits", use_retrieval=False)

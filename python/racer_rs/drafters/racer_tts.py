@@ -14,7 +14,7 @@ engine's one-sample-per-node walk stays lossless when sampling.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
 from typing import Any
 
 import numpy as np
@@ -22,9 +22,18 @@ import torch
 
 from racer_rs._native import DraftTree, build_draft_tree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
-from racer_rs.drafters.racer import RacerDrafter
+from racer_rs.drafters.racer import METHOD_OPTIONS, RacerDrafter, RacerOptions
 from racer_rs.drafters.tts import TTSDrafter
-from racer_rs.errors import InvalidTypeError
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError
+
+
+#: RACER's options racer_tts takes (as the ``racer`` method does).
+RACER_OPTIONS = METHOD_OPTIONS["racer"]
+#: TTS's options racer_tts takes (as ``tts`` does; the draft model and canvas are its own).
+TTS_OPTIONS = tuple(
+    name for name in inspect.signature(TTSDrafter.__init__).parameters if name not in ("self", "model", "draft_model", "canvas")
+)
+ACCEPTED = ("draft_model", "canvas", "adapt", *RACER_OPTIONS, *TTS_OPTIONS)
 
 
 def chain_nodes(tree: DraftTree, chain: np.ndarray) -> np.ndarray:
@@ -48,11 +57,9 @@ class RacerTTSDrafter(Drafter):
         draft_model: the draft causal LM (left unmodified).
         canvas: chain length drafted per step.
         adapt: adapt the draft online (TTS); ``False`` keeps the original draft (an ablation).
-        ngram, max_nodes, breadth, min_depth, exempt_depth, persistent: RACER's options
-            (``breadth`` is the copy-logit table's top-k; ``top_k`` in ``generate`` is the
-            sampling filter).
-        update_every, lr, lam, position_weights, gamma, mask, trainable, reset, asynchronous:
-            TTS options (see :class:`~racer_rs.drafters.tts.TTSDrafter`).
+        **options: RACER's options (:data:`RACER_OPTIONS`, see
+            :class:`~racer_rs.drafters.racer.RacerOptions`) and TTS's (:data:`TTS_OPTIONS`, see
+            :class:`~racer_rs.drafters.tts.TTSDrafter`).
     """
 
     name = "racer_tts"
@@ -64,47 +71,19 @@ class RacerTTSDrafter(Drafter):
         draft_model: Any = None,
         canvas: int = 8,
         adapt: bool = True,
-        ngram: int = 10,
-        max_nodes: int = 10_000,
-        breadth: int = 8,
-        min_depth: int = 2,
-        exempt_depth: int = 1,
-        persistent: bool = False,
-        update_every: int = 5,
-        lr: float = 1e-3,
-        lam: float = 0.0,
-        position_weights: str | Sequence[float] = "exp",
-        gamma: float = 4.0,
-        mask: str = "full_canvas",
-        trainable: str | Sequence[str] = "all",
-        reset: bool = True,
-        asynchronous: bool = True,
+        **options: Any,
     ) -> None:
         if not isinstance(adapt, bool):
             raise InvalidTypeError(f"adapt must be a bool, got {type(adapt).__name__}")
-        self.racer = RacerDrafter(
-            model,
-            ngram=ngram,
-            max_nodes=max_nodes,
-            top_k=breadth,
-            min_depth=min_depth,
-            exempt_depth=exempt_depth,
-            persistent=persistent,
-        )
-        self.tts = TTSDrafter(
-            model,
-            draft_model=draft_model,
-            canvas=canvas,
-            update_every=update_every,
-            lr=lr,
-            lam=lam,
-            position_weights=position_weights,
-            gamma=gamma,
-            mask=mask,
-            trainable=trainable,
-            reset=reset,
-            asynchronous=asynchronous,
-        )
+        unknown = sorted(set(options) - set(RACER_OPTIONS) - set(TTS_OPTIONS))
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown option(s) {', '.join(unknown)} for method 'racer_tts'; accepted: {', '.join(ACCEPTED)}"
+            )
+        racer = {key: value for key, value in options.items() if key in RACER_OPTIONS}
+        tts = {key: value for key, value in options.items() if key in TTS_OPTIONS}
+        self.racer = RacerDrafter(model, RacerOptions(**racer))
+        self.tts = TTSDrafter(model, draft_model=draft_model, canvas=canvas, **tts)
         self.adapt = adapt
         self.needs_topk = self.racer.needs_topk
         self.needs_logits = adapt
@@ -163,4 +142,5 @@ class RacerTTSDrafter(Drafter):
 
 
 make_drafter = RacerTTSDrafter
+make_drafter.accepted_options = ACCEPTED  # type: ignore[attr-defined]
 """Registry factory of the ``racer_tts`` method (the class itself, so unknown options are reported)."""

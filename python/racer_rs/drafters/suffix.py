@@ -41,7 +41,6 @@ prompt trees only" (a request's own tree then holds its prompt and its response 
 from __future__ import annotations
 
 import itertools
-import math
 import threading
 from collections import deque
 from typing import Any
@@ -50,7 +49,8 @@ import numpy as np
 
 from racer_rs._native import DraftTree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
-from racer_rs.errors import InvalidArgumentError, InvalidTypeError, StateError
+from racer_rs import _validate as rules
+from racer_rs.errors import InvalidArgumentError, StateError
 from racer_rs.optional_deps import require
 
 # vLLM 0.33.0's defaults (vllm/config/speculative.py, SpeculativeConfig.suffix_decoding_*) and
@@ -176,13 +176,13 @@ class SuffixDrafter(Drafter):
         del model
         self.name = name
         require("suffix", f"method {name!r} (SuffixDecoding)")
-        self.max_tree_depth = _check_int("max_tree_depth", max_tree_depth, 1)
-        self.max_cached_requests = _check_int("max_cached_requests", max_cached_requests, 0)
-        self.max_spec_factor = _check_float("max_spec_factor", max_spec_factor, minimum=0.0)
-        self.max_spec_offset = _check_float("max_spec_offset", max_spec_offset)
-        self.min_token_prob = _check_float("min_token_prob", min_token_prob, minimum=0.0, maximum=1.0)
-        self.use_tree_spec = _check_bool("use_tree_spec", use_tree_spec)
-        self.global_tree = _check_bool("global_tree", global_tree)
+        self.max_tree_depth = rules.integer("max_tree_depth", max_tree_depth, minimum=1)
+        self.max_cached_requests = rules.integer("max_cached_requests", max_cached_requests, minimum=0)
+        self.max_spec_factor = rules.real("max_spec_factor", max_spec_factor, minimum=0.0)
+        self.max_spec_offset = rules.real("max_spec_offset", max_spec_offset)
+        self.min_token_prob = rules.probability("min_token_prob", min_token_prob)
+        self.use_tree_spec = rules.flag("use_tree_spec", use_tree_spec)
+        self.global_tree = rules.flag("global_tree", global_tree)
         if self.global_tree and self.max_cached_requests == 0:
             raise InvalidArgumentError("max_cached_requests=0 disables the global tree: pass global_tree=False instead")
         if self.max_cached_requests > 0x7FFFFFFF:
@@ -289,30 +289,6 @@ class SuffixDrafter(Drafter):
         if request is None:
             raise StateError(f"drafter {self.name!r}: begin() must be called before propose()/observe()")
         return request
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _check_float(name: str, value: Any, minimum: float | None = None, maximum: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InvalidTypeError(f"{name} must be a number, got {type(value).__name__}")
-    number = float(value)
-    if not math.isfinite(number) or (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
-        bounds = f"in [{minimum}, {maximum}]" if maximum is not None else (f">= {minimum}" if minimum is not None else "finite")
-        raise InvalidArgumentError(f"{name} must be {bounds}, got {value}")
-    return number
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise InvalidTypeError(f"{name} must be True or False, got {type(value).__name__}")
-    return bool(value)
 
 
 def suffix(

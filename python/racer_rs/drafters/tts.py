@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from racer_rs.drafters.base import RequestStart, StepOutcome
-from racer_rs.drafters.draft_model import DraftModelDrafter, check_draft_model, check_positive_int
+from racer_rs import _validate as rules
+from racer_rs.drafters.draft_model import DraftModelDrafter, check_draft_model
 from racer_rs.tts.online_loss import Canvas, DistillConfig, distill_step, make_optimizer, trainable_parameter_names
 from racer_rs.tts.update_worker import UpdateWorker
 from racer_rs.errors import InvalidTypeError
@@ -82,7 +83,7 @@ class TTSDrafter(DraftModelDrafter):
         asynchronous: bool = True,
     ) -> None:
         check_draft_model(draft_model)
-        self.update_every = check_positive_int(update_every, "update_every")
+        self.update_every = rules.integer("update_every", update_every, minimum=1)
         if not isinstance(reset, bool):
             raise InvalidTypeError(f"reset must be a bool, got {type(reset).__name__}")
         if not isinstance(asynchronous, bool):

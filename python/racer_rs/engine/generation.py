@@ -24,7 +24,8 @@ from racer_rs.engine.capacity import AutoCapacity, CapacityPolicy, FixedCapacity
 from racer_rs.engine.decode_loop import DecodeLoop, DecodeState
 from racer_rs.engine.sampling import SamplingConfig
 from racer_rs.engine.streaming import StreamAdapter
-from racer_rs.engine.verifier import TreeVerifier, model_window
+from racer_rs import _validate as rules
+from racer_rs.engine.verifier import TreeVerifier, model_window, vocab_size
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError
 
 
@@ -199,21 +200,16 @@ def check_request(
         InvalidArgumentError, InvalidTypeError, UnsupportedError: as :func:`generate` documents.
     """
     verifier = TreeVerifier(model)
-    prompt = _prompt_array(input_ids)
-    _check_int("max_new_tokens", max_new_tokens, minimum=1)
+    vocab = vocab_size(model)
+    prompt = prompt_ids("input_ids", input_ids, vocab)
+    max_new_tokens = rules.integer("max_new_tokens", max_new_tokens, minimum=1)
     auto = capacity == "auto"
-    if not auto:
-        if isinstance(capacity, str):
-            raise InvalidArgumentError(f"capacity must be an int >= 1 or 'auto', got {capacity!r}")
-        _check_int("capacity", capacity, minimum=1)
-    _check_int("max_capacity", max_capacity, minimum=1)
+    capacity = rules.capacity("capacity", capacity)
+    max_capacity = rules.integer("max_capacity", max_capacity, minimum=1)
     if seed is not None:
-        _check_int("seed", seed, minimum=0)
+        rules.seed("seed", seed)
     sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
-    eos_ids = _eos_ids(eos_token_id)
-    vocab = int(model.get_output_embeddings().weight.shape[0])
-    if int(prompt.max()) >= vocab or int(prompt.min()) < 0:
-        raise InvalidArgumentError(f"input_ids must be token ids in [0, {vocab})")
+    eos_ids = _eos_ids(eos_token_id, vocab)
     window = model_window(model)
     if window is not None and len(prompt) + max_new_tokens > window:
         raise InvalidArgumentError(
@@ -240,7 +236,7 @@ def check_request(
         sampling=sampling,
         eos_ids=eos_ids,
         auto=auto,
-        capacity=int(max_capacity if auto else capacity),
+        capacity=max_capacity if auto else int(capacity),
         max_capacity=int(max_capacity),
         drafter=drafter,
     )
@@ -284,47 +280,25 @@ def _end_request(drafter: Drafter, streamer: StreamAdapter | None, failure: Base
         raise first
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
-
-
-def _prompt_array(input_ids: Any) -> np.ndarray:
-    """The prompt as ``int32[L]``; validates shape, type and batch size."""
-    if isinstance(input_ids, torch.Tensor):
-        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-            raise InvalidTypeError(f"input_ids must hold integers, got dtype {input_ids.dtype}")
-        array = input_ids.detach().cpu().numpy()
-    elif isinstance(input_ids, np.ndarray):
-        if not np.issubdtype(input_ids.dtype, np.integer):
-            raise InvalidTypeError(f"input_ids must hold integers, got dtype {input_ids.dtype}")
-        array = input_ids
-    elif isinstance(input_ids, (list, tuple)):
-        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in input_ids):
-            raise InvalidTypeError("input_ids must be a list of ints")
-        array = np.asarray(input_ids, dtype=np.int64).reshape(-1)
-    else:
-        raise InvalidTypeError(f"input_ids must be a list of ints or an integer tensor, got {type(input_ids).__name__}")
+def prompt_ids(name: str, value: Any, vocab: int) -> np.ndarray:
+    """One prompt as ``int32[L]``: a list of ints, or a ``[L]`` / ``[1, L]`` integer array/tensor."""
+    array = rules.token_ids(name, value, vocab, rows=True)
     if array.ndim == 2:
         if array.shape[0] != 1:
-            raise UnsupportedError(f"input_ids: batch size {array.shape[0]} is not supported; only batch size 1")
+            raise UnsupportedError(
+                f"{name}: batch size {array.shape[0]} is not supported by generate; use generate_batch"
+            )
         array = array[0]
-    elif array.ndim != 1:
-        raise InvalidArgumentError(f"input_ids must have shape [L] or [1, L], got {list(array.shape)}")
     if array.size == 0:
-        raise InvalidArgumentError("input_ids is empty: at least one prompt token is required")
-    return array.astype(np.int32)
+        raise InvalidArgumentError(f"{name} is empty: at least one prompt token is required")
+    return array
 
 
-def _eos_ids(eos_token_id: Any) -> tuple[int, ...]:
+def _eos_ids(eos_token_id: Any, vocab: int) -> tuple[int, ...]:
     if eos_token_id is None:
         return ()
-    if isinstance(eos_token_id, (int, np.integer)) and not isinstance(eos_token_id, bool):
-        return (int(eos_token_id),)
-    if isinstance(eos_token_id, (list, tuple)) and all(
-        isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in eos_token_id
-    ):
-        return tuple(int(t) for t in eos_token_id)
-    raise InvalidTypeError("eos_token_id must be None, an int, or a list of ints")
+    if isinstance(eos_token_id, (list, tuple)):
+        return tuple(int(t) for t in rules.token_ids("eos_token_id", list(eos_token_id), vocab))
+    if not rules.is_int(eos_token_id):
+        raise InvalidTypeError("eos_token_id must be None, an int, or a list of ints")
+    return (rules.token_id("eos_token_id", eos_token_id, vocab),)

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from racer_rs.errors import InvalidArgumentError, InvalidTypeError
+from racer_rs import _validate as rules
 
 
 @dataclass(frozen=True)
@@ -41,18 +41,9 @@ class SamplingConfig:
     top_k: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
-            raise InvalidTypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise InvalidArgumentError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):
-            raise InvalidTypeError(f"top_p must be a number, got {type(self.top_p).__name__}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
-            raise InvalidTypeError(f"top_k must be an int, got {type(self.top_k).__name__}")
-        if self.top_k < 0:
-            raise InvalidArgumentError(f"top_k must be >= 0, got {self.top_k}")
+        object.__setattr__(self, "temperature", rules.real("temperature", self.temperature, minimum=0.0))
+        object.__setattr__(self, "top_p", rules.probability("top_p", self.top_p, zero=False))
+        object.__setattr__(self, "top_k", rules.integer("top_k", self.top_k, minimum=0))
 
     @property
     def greedy(self) -> bool:
@@ -90,23 +81,6 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor
         remove = remove_sorted.scatter(-1, order, remove_sorted)
         scores = scores.masked_fill(remove, -math.inf)
     return scores
-
-
-def sample_plain(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Plain decoding's next token for every row: argmax, or a multinomial draw.
-
-    Args:
-        logits: ``[n, V]`` raw logits.
-        config: the sampling settings.
-        generator: random generator (``None``: torch's global one).
-
-    Returns:
-        ``int64[n]`` tokens.
-    """
-    if config.greedy:
-        return logits.argmax(dim=-1)
-    probs = process_logits(logits, config).softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
 CANDIDATES = 4

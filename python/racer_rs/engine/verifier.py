@@ -99,6 +99,11 @@ def new_cache(model: PreTrainedModel) -> DynamicCache:
     return cache
 
 
+def vocab_size(model: Any) -> int:
+    """The width of the model's logits: the rows of its LM head."""
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
 def model_window(model: PreTrainedModel) -> int | None:
     """The model's context window (``max_position_embeddings``), or ``None`` if it has none."""
     window = getattr(model.config.get_text_config(), "max_position_embeddings", None)

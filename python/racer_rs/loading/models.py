@@ -230,13 +230,17 @@ def _one_line(exc: BaseException) -> str:
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> list[int] | None:
-    """Collect the end-of-sequence ids from the generation config and the tokenizer."""
+    """Collect the end-of-sequence ids from the generation config and the tokenizer (those the
+    model can produce: an id beyond its LM head never comes out of it)."""
+    from racer_rs.engine.verifier import vocab_size
+
+    vocab = vocab_size(model)
     ids: list[int] = []
     config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     for value in (config_eos, getattr(tokenizer, "eos_token_id", None)):
         if value is None:
             continue
         for token in value if isinstance(value, (list, tuple)) else [value]:
-            if int(token) not in ids:
+            if int(token) not in ids and 0 <= int(token) < vocab:
                 ids.append(int(token))
     return ids or None

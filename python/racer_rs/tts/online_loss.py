@@ -3,12 +3,13 @@
 A canvas is what one speculation round drafted and the target verified: the root token ``x_0``
 followed by the drafted tokens ``y_1..y_C``. Row ``i`` of the target's verification logits and row
 ``i`` of the draft's logits on the same canvas both predict the token after canvas input ``i``, so
-the rows line up one to one (tts.md 2.4, pitfall 1). The loss is
+the rows line up one to one (shifting them by one position is the classic off-by-one of this
+loss). The loss is
 
     L = sum_i w_i m_i KL(p_i || q_i) / sum_i w_i m_i  +  lam * sum_i w_i m_i KL(q_ref_i || q_i) / sum_i w_i m_i
 
-with ``p`` the target, ``q`` the draft being trained, ``q_ref`` the ORIGINAL draft (tts.md 2.3: a
-reference equal to the current weights has zero gradient for one step), ``w`` position weights
+with ``p`` the target, ``q`` the draft being trained, ``q_ref`` the ORIGINAL draft (a reference
+equal to the current weights would have zero gradient, so it would not regularise), ``w`` position weights
 and ``m`` the validity mask (``full_canvas`` keeps every row; ``on_trajectory`` keeps rows whose
 prefix was accepted, i.e. ``i <= n_accepted``).
 """
@@ -22,12 +23,17 @@ from typing import Any
 
 import torch
 from torch import nn
+from racer_rs import _validate as rules
 from racer_rs.errors import InvalidArgumentError
 
 MASK_MODES = ("full_canvas", "on_trajectory")
 WEIGHT_SCHEMES = ("exp", "uniform")
 
 KVPrefix = tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+
+#: The largest learning rate accepted for online distillation.
+MAX_LR = 1.0
 
 
 @dataclass(frozen=True)
@@ -54,10 +60,9 @@ class DistillConfig:
     eps: float = 1e-8
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise InvalidArgumentError(f"lr must be a positive finite number, got {self.lr!r}")
-        if not (isinstance(self.lam, (int, float)) and math.isfinite(self.lam) and self.lam >= 0):
-            raise InvalidArgumentError(f"lam must be a finite number >= 0, got {self.lam!r}")
+        # An Adam step above 1 sends a small draft's weights to inf/NaN within a few updates.
+        object.__setattr__(self, "lr", rules.real("lr", self.lr, above=0.0, maximum=MAX_LR))
+        object.__setattr__(self, "lam", rules.real("lam", self.lam, minimum=0.0))
         if isinstance(self.position_weights, str):
             if self.position_weights not in WEIGHT_SCHEMES:
                 raise InvalidArgumentError(
@@ -69,10 +74,8 @@ class DistillConfig:
             if not values or any(not math.isfinite(v) or v < 0 for v in values) or not any(values):
                 raise InvalidArgumentError("position_weights must be non-negative finite floats, not all zero")
             object.__setattr__(self, "position_weights", values)
-        if not (isinstance(self.gamma, (int, float)) and self.gamma > 0):
-            raise InvalidArgumentError(f"gamma must be > 0, got {self.gamma!r}")
-        if self.mask not in MASK_MODES:
-            raise InvalidArgumentError(f"mask must be one of {MASK_MODES}, got {self.mask!r}")
+        object.__setattr__(self, "gamma", rules.real("gamma", self.gamma, above=0.0))
+        rules.choice("mask", self.mask, MASK_MODES)
 
 
 @dataclass
@@ -126,7 +129,7 @@ def row_weights(canvas: Canvas, config: DistillConfig) -> torch.Tensor:
 
 
 def _as_autograd_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    # Tensors made under torch.inference_mode() cannot be saved for backward (tts.md pitfall 11).
+    # Tensors made under torch.inference_mode() cannot be saved for backward: clone them first.
     return tensor.clone() if tensor.is_inference() else tensor.detach()
 
 
@@ -198,7 +201,7 @@ def distill_loss(
 def restrict_to_support(
     teacher_logits: torch.Tensor, student_logits: torch.Tensor, weights: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Restrict the teacher to the tokens the student can propose (tts.md pitfall 9).
+    """Restrict the teacher to the tokens the student can propose.
 
     A draft with a reduced vocabulary gives ``-inf`` logits outside it, so ``KL(p || q)`` over
     the full vocabulary would be infinite; the teacher is renormalised over the student's

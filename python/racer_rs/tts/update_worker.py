@@ -1,7 +1,7 @@
 """The TTS update worker: optimiser steps off the decoding critical path, published at round boundaries.
 
 The worker owns nothing model-specific: ``step(job)`` trains the shadow weights on one job and
-``publish()`` copies the shadow weights into the serving draft. The protocol (tts.md 2.6, 3):
+``publish()`` copies the shadow weights into the serving draft. The protocol:
 
 * ``submit(job)`` is called at an update boundary (every S rounds). It first waits for the
   previous job and publishes it (the barrier), then starts the new one: on a background thread
@@ -86,12 +86,6 @@ class UpdateWorker(Generic[Job]):
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self._device))
         self._pending = self._executor.submit(self._run, job, ready)
-
-    def flush(self) -> None:
-        """Publish the update in flight, if any (waits for it)."""
-        if self._closed:
-            raise StateError("UpdateWorker.flush called after close()")
-        self._publish_pending()
 
     def close(self, *, discard: bool = False) -> None:
         """Stop the worker.

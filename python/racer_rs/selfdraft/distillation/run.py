@@ -55,6 +55,7 @@ from racer_rs.selfdraft.checkpoint import (
 )
 from racer_rs.selfdraft.model import check_self_draft_target, self_draft
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
+from racer_rs.engine.verifier import vocab_size as target_vocab_size
 
 WORK = "work"
 Progress = Callable[[str], None]
@@ -144,7 +145,7 @@ def distill_self_draft(
     check_self_draft_target(target)
     if settings.layers > target.config.num_hidden_layers:
         raise InvalidArgumentError(f"layers must be <= {target.config.num_hidden_layers} (the target's layers), got {settings.layers}")
-    vocab_size = int(target.get_output_embeddings().weight.shape[0])
+    vocab_size = target_vocab_size(target)
     if settings.vocab is not None and settings.vocab > vocab_size:
         raise InvalidArgumentError(f"vocab must be <= {vocab_size} (the target's vocabulary), got {settings.vocab}")
     ordered = _order_prompts(prompts, settings)
@@ -266,7 +267,7 @@ class _Run:
         path = self.work / "vocab.pt"
         if path.exists():
             return torch.load(path, weights_only=True)
-        vocab_size = int(self.target.get_output_embeddings().weight.shape[0])
+        vocab_size = target_vocab_size(self.target)
         kept = frequent_tokens(token_mass(shards[1:], vocab_size), self.settings.vocab, self.eos + self.keep)
         save_atomic(kept, path)
         return kept
@@ -285,7 +286,7 @@ class _Run:
             position = {"epoch": int(saved["epoch"]), "cursor": int(saved["cursor"])}
         else:
             self.state.steps = 0
-        vocab_size = int(self.target.get_output_embeddings().weight.shape[0])
+        vocab_size = target_vocab_size(self.target)
         columns = draft_columns(kept, vocab_size)
         held_out = list(shards[0].samples())
         training = [sample for shard in shards[1:] for sample in shard.samples()]

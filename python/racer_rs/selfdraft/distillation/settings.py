@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
-from racer_rs.errors import InvalidArgumentError, InvalidTypeError
+from racer_rs import _validate as rules
 
 #: Settings that may change between the runs of one distillation (the rest must match to resume).
 RUN_ONLY = ("minutes", "save_every", "report_every")
@@ -53,24 +52,16 @@ class DistillSettings:
 
     def __post_init__(self) -> None:
         for name in ("layers", "batch_size", "new_tokens", "max_prompt_tokens", "teacher_top_k"):
-            _positive_int(name, getattr(self, name))
-        _non_negative_int("warmup", self.warmup)
-        _non_negative_int("seed", self.seed)
+            rules.integer(name, getattr(self, name), minimum=1)
+        rules.integer("warmup", self.warmup, minimum=0)
+        rules.seed("seed", self.seed)
         if self.vocab is not None:
-            _positive_int("vocab", self.vocab)
-        _positive_number("minutes", self.minutes)
-        _positive_number("lr", self.lr)
-        _positive_number("save_every", self.save_every)
-        _positive_number("report_every", self.report_every)
-        _number("temperature", self.temperature)
-        if self.temperature < 0:
-            raise InvalidArgumentError(f"temperature must be >= 0, got {self.temperature}")
-        _number("top_p", self.top_p)
-        if not 0 < self.top_p <= 1:
-            raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p}")
-        _number("data_share", self.data_share)
-        if not 0 < self.data_share < 1:
-            raise InvalidArgumentError(f"data_share must be in (0, 1), got {self.data_share}")
+            rules.integer("vocab", self.vocab, minimum=1)
+        for name in ("minutes", "lr", "save_every", "report_every"):
+            rules.real(name, getattr(self, name), above=0.0)
+        rules.real("temperature", self.temperature, minimum=0.0)
+        rules.probability("top_p", self.top_p, zero=False)
+        rules.real("data_share", self.data_share, above=0.0, below=1.0)
 
     @property
     def budget_seconds(self) -> float:
@@ -79,29 +70,3 @@ class DistillSettings:
     def plan(self) -> dict[str, Any]:
         """The settings a resumed run must share with the first one."""
         return {key: value for key, value in asdict(self).items() if key not in RUN_ONLY}
-
-
-def _number(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidTypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise InvalidArgumentError(f"{name} must be finite, got {value}")
-
-
-def _positive_number(name: str, value: Any) -> None:
-    _number(name, value)
-    if value <= 0:
-        raise InvalidArgumentError(f"{name} must be > 0, got {value}")
-
-
-def _non_negative_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 0:
-        raise InvalidArgumentError(f"{name} must be >= 0, got {value}")
-
-
-def _positive_int(name: str, value: Any) -> None:
-    _non_negative_int(name, value)
-    if value < 1:
-        raise InvalidArgumentError(f"{name} must be >= 1, got {value}")

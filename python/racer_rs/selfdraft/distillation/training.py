@@ -1,7 +1,7 @@
 """The offline distillation loss: KL from the target's top-k distribution to the self-draft's.
 
 The teacher is the target's top-k, renormalised, restricted to the draft's vocabulary when that is
-reduced (a token the draft cannot propose cannot be matched; tts.md pitfall 9). The student's
+reduced (a token the draft cannot propose cannot be matched, and KL to it would be infinite). The student's
 logits are computed over its own vocabulary only, so a reduced vocabulary also makes training
 cheaper. The reported ``agreement`` is how often the draft's argmax is the target's argmax, the
 per-token acceptance rate of greedy decoding.
