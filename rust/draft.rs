@@ -6,7 +6,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use crate::automaton::Automaton;
+use crate::automaton::{Automaton, Recency, Source};
 use crate::edge_cells::{self, EDGE_CELLS};
 use crate::error::{Result, invalid};
 use crate::logits_table::LogitsTable;
@@ -63,6 +63,47 @@ pub fn build_draft_tree(
     options: &DraftOptions,
     calibration: Option<&[f32]>,
 ) -> Result<DraftTree> {
+    build_draft_tree_shared(
+        automaton,
+        None,
+        table,
+        next_token,
+        draft_chain,
+        options,
+        calibration,
+    )
+    .map(|(tree, _)| tree)
+}
+
+/// [`build_draft_tree`] with a second retrieval source: `shared`, an automaton read by every
+/// request (past responses, a corpus). Its borders are found for the request's context, the
+/// recent tokens of `automaton` (at most its `ngram`), so `shared` needs no match state and is
+/// only read: never extended, its state untouched. Its edges get the shared-retrieval cells.
+///
+/// - Halving build: the request's retrieval first, then the shared continuations (ranked by
+///   count, i.e. by their share of the border's occurrences) fill up to `capacity`, then the
+///   logits tree.
+/// - Scored build: shared continuations enter the same best-first heap with their own smoothed
+///   probabilities (or their cells' calibration).
+///
+/// Paths spelling the same tokens merge (a node keeps the cell of its first source). With no
+/// `shared`, or an empty one, the tree is the one [`build_draft_tree`] builds.
+///
+/// Returns the tree and the shared nodes it used, for `shared.touch` to refresh their LRU
+/// recency (the only change drafting makes to `shared`; a caller holding `shared` behind a
+/// read-write lock applies it under the write lock, after the build released the read lock).
+///
+/// # Errors
+/// As [`build_draft_tree`].
+pub fn build_draft_tree_shared(
+    automaton: &mut Automaton,
+    shared: Option<&Automaton>,
+    table: &LogitsTable,
+    next_token: i32,
+    draft_chain: &[i32],
+    options: &DraftOptions,
+    calibration: Option<&[f32]>,
+) -> Result<(DraftTree, Recency)> {
     check_budget("capacity", options.capacity)?;
     if let Some(c) = calibration {
         if c.len() != EDGE_CELLS {
@@ -100,20 +141,46 @@ pub fn build_draft_tree(
             format!("token {t} is outside 0..{vocab}"),
         ));
     }
+    let shared = shared.filter(|_| options.use_retrieval);
+    let context = shared
+        .map(|_| automaton.recent_tokens())
+        .unwrap_or_default();
+    let next = next_token as u32;
     let mut builder = TreeBuilder::new(next_token);
     builder.insert_path(draft_chain, options.capacity);
     if options.scored {
-        ScoredBuild::new(automaton, table, options, calibration)
-            .run(&mut builder, next_token as u32);
-        return Ok(builder.finish());
+        let shared_used =
+            ScoredBuild::new(automaton, shared, &context, table, options, calibration)
+                .run(&mut builder, next);
+        let recency = shared.map(|s| s.recency(&shared_used)).unwrap_or_default();
+        return Ok((builder.finish(), recency));
     }
+    let mut recency = Recency::default();
     if options.use_retrieval {
-        automaton.retrieve_into(&mut builder, next_token as u32, options.capacity);
+        automaton.retrieve_into(&mut builder, next, options.capacity);
+        if let Some(s) = shared {
+            let used = s.retrieve_after_into(
+                &mut builder,
+                &context,
+                next,
+                options.capacity,
+                Source::Shared,
+            );
+            recency = s.recency(&used);
+        }
     }
     if options.use_logits {
         table.expand_into(&mut builder, options.capacity, options.exempt_depth);
     }
-    Ok(builder.finish())
+    Ok((builder.finish(), recency))
+}
+
+/// Where a scored candidate comes from (the last tie-break, after its trie node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Origin {
+    Logits,
+    Local,
+    Shared,
 }
 
 /// A node waiting to be placed, with its estimated path probability.
@@ -124,6 +191,7 @@ struct Scored {
     parent: u32,
     /// The trie node it came from, or `u32::MAX` for a copy-logit candidate.
     trie: u32,
+    origin: Origin,
     cell: i32,
 }
 
@@ -136,13 +204,15 @@ impl PartialEq for Scored {
 impl Eq for Scored {}
 
 impl Ord for Scored {
-    /// Higher score first; ties go to the smaller token, parent and trie node (deterministic).
+    /// Higher score first; ties go to the smaller token, parent and trie node, then to the
+    /// request's automaton before the shared one (deterministic).
     fn cmp(&self, other: &Self) -> Ordering {
         self.score
             .total_cmp(&other.score)
             .then(other.token.cmp(&self.token))
             .then(other.parent.cmp(&self.parent))
             .then(other.trie.cmp(&self.trie))
+            .then(other.origin.cmp(&self.origin))
     }
 }
 
@@ -157,33 +227,42 @@ impl PartialOrd for Scored {
 /// maximises the expected number of accepted tokens under the estimates.
 struct ScoredBuild<'a> {
     automaton: &'a mut Automaton,
+    shared: Option<&'a Automaton>,
+    context: &'a [u32],
     table: &'a LogitsTable,
     options: &'a DraftOptions,
     calibration: Option<&'a [f32]>,
     heap: BinaryHeap<Scored>,
     logits_expanded: Vec<bool>,
     used: Vec<u32>,
+    shared_used: Vec<u32>,
 }
 
 impl<'a> ScoredBuild<'a> {
     fn new(
         automaton: &'a mut Automaton,
+        shared: Option<&'a Automaton>,
+        context: &'a [u32],
         table: &'a LogitsTable,
         options: &'a DraftOptions,
         calibration: Option<&'a [f32]>,
     ) -> Self {
         Self {
             automaton,
+            shared,
+            context,
             table,
             options,
             calibration,
             heap: BinaryHeap::new(),
             logits_expanded: Vec::new(),
             used: Vec::new(),
+            shared_used: Vec::new(),
         }
     }
 
-    fn run(mut self, builder: &mut TreeBuilder, next: u32) {
+    /// Grow the tree; marks the request automaton's used nodes and returns the shared ones.
+    fn run(mut self, builder: &mut TreeBuilder, next: u32) -> Vec<u32> {
         // Nodes already there (root and draft chain) are certain as far as drafting goes.
         for node in 0..builder.len() as u32 {
             self.push_logits(builder, node, 1.0);
@@ -191,7 +270,13 @@ impl<'a> ScoredBuild<'a> {
         if self.options.use_retrieval {
             for border in self.automaton.borders(next) {
                 self.used.push(border);
-                self.push_trie(border, 0, 1.0);
+                self.push_trie(Origin::Local, border, 0, 1.0);
+            }
+            if let Some(shared) = self.shared {
+                for border in shared.borders_for(self.context, next) {
+                    self.shared_used.push(border);
+                    self.push_trie(Origin::Shared, border, 0, 1.0);
+                }
             }
         }
         while builder.len() < self.options.capacity {
@@ -205,12 +290,17 @@ impl<'a> ScoredBuild<'a> {
                 break;
             };
             self.push_logits(builder, node, c.score);
-            if c.trie != u32::MAX {
-                self.used.push(c.trie);
-                self.push_trie(c.trie, node, c.score);
+            match c.origin {
+                Origin::Logits => {}
+                Origin::Local => self.used.push(c.trie),
+                Origin::Shared => self.shared_used.push(c.trie),
+            }
+            if c.origin != Origin::Logits {
+                self.push_trie(c.origin, c.trie, node, c.score);
             }
         }
         self.automaton.mark_used(&self.used);
+        self.shared_used
     }
 
     fn push_logits(&mut self, builder: &TreeBuilder, node: u32, score: f32) {
@@ -234,24 +324,29 @@ impl<'a> ScoredBuild<'a> {
                 token: t,
                 parent: node,
                 trie: u32::MAX,
+                origin: Origin::Logits,
                 cell,
             });
         }
     }
 
-    fn push_trie(&mut self, trie: u32, parent: u32, score: f32) {
+    fn push_trie(&mut self, origin: Origin, trie: u32, parent: u32, score: f32) {
         let heap = &mut self.heap;
         let calibration = self.calibration;
-        self.automaton
-            .for_each_continuation(trie, |token, p, child, cell| {
-                heap.push(Scored {
-                    score: score * calibration.map_or(p, |c| c[cell as usize]),
-                    token,
-                    parent,
-                    trie: child,
-                    cell,
-                });
+        let (automaton, source): (&Automaton, Source) = match (origin, self.shared) {
+            (Origin::Shared, Some(shared)) => (shared, Source::Shared),
+            _ => (&*self.automaton, Source::Local),
+        };
+        automaton.for_each_continuation(trie, source, |token, p, child, cell| {
+            heap.push(Scored {
+                score: score * calibration.map_or(p, |c| c[cell as usize]),
+                token,
+                parent,
+                trie: child,
+                origin,
+                cell,
             });
+        });
     }
 
     /// The edge's acceptance estimate: calibrated by cell when a calibration is given.
@@ -313,6 +408,7 @@ mod tests {
                             "node {i}: {p:?}"
                         );
                     }
+                    EdgeKind::SharedRetrieval => panic!("node {i}: no shared automaton was given"),
                     EdgeKind::Root => panic!("node {i} has no cell"),
                 }
                 kinds.push(kind(cells[i]));

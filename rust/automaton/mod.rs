@@ -9,10 +9,19 @@
 //!   evicted, which keeps both closures, so links stay correct with no rebuild pass;
 //! - the match state is the node of the longest context suffix (length <= ngram); its failure
 //!   chain enumerates every shorter suffix, which is where `extend` counts and `retrieve` looks.
+//!
+//! An automaton can also serve as an index shared by many requests (past responses, a corpus):
+//! `borders_for` finds the borders for any request's context without a match state, a build
+//! only reads it, and the recency of what it used is applied afterwards (`Recency`, `touch`).
+//! `save`/`load` and `to_bytes`/`from_bytes` persist it (`persist` documents the format).
 #![forbid(unsafe_code)]
 
 mod integrity;
+mod persist;
 mod retrieve;
+
+pub use persist::{FORMAT_VERSION, MAGIC, write_atomic};
+pub use retrieve::{Recency, Source};
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};

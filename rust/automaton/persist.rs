@@ -1,0 +1,419 @@
+//! Persistence: a versioned, checksummed binary image of an automaton, written atomically.
+//!
+//! Format version 1, all integers little-endian:
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 8 | magic `b"RACERIDX"` |
+//! | 8 | 4 | format version (`1`) |
+//! | 12 | 4 | flags (`0`; anything else is rejected) |
+//! | 16 | 4 | `ngram` |
+//! | 20 | 4 | `min_depth` |
+//! | 24 | 8 | `capacity` (node budget) |
+//! | 32 | 8 | logical clock (`tick`) |
+//! | 40 | 4 | node slots, root included (`S`) |
+//! | 44 | 4 | live nodes, root excluded (`L`) |
+//! | 48 | 4 | free slots (`F = S - 1 - L`) |
+//! | 52 | 4 | recent tokens (`R <= ngram`) |
+//! | 56 | 4R | the recent tokens, oldest first (the match state spells them) |
+//! | | 4F | the free list, in stack order (the next node reuses the last) |
+//! | | 21L | the live nodes in increasing slot order: token u32, parent slot u32, count u32, last use u64, depth u8 |
+//! | | 4 | CRC-32 (zlib's) of every byte before it |
+//!
+//! Nodes keep their slot numbers and the free list its order because ties are broken by slot
+//! (the LRU heap orders equal last uses by slot, the scored build equal scores by trie node):
+//! renumbering would change which node is evicted next. Everything else (goto map, child lists,
+//! failure links and their reference counts, the LRU heap, the match state) is recomputed on
+//! load, failure links by induction on depth, which also proves the trie suffix-closed. Node
+//! generations restart at zero: no handle survives a load.
+//!
+//! Loading never trusts the image: the length must match the header, the checksum must match,
+//! every count, slot, depth and token must be in range, and the result must pass
+//! [`Automaton::check_integrity_linear`]; anything else is `Error::CorruptFile`. Every buffer
+//! is sized from counts already checked against the image's length, so a damaged header cannot
+//! cause a large allocation.
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{Automaton, NIL, Node, ROOT, key};
+use crate::crc32::crc32;
+use crate::error::{Error, Result, invalid, io_error};
+
+/// First bytes of every image.
+pub const MAGIC: [u8; 8] = *b"RACERIDX";
+/// Format version written, and the only one read.
+pub const FORMAT_VERSION: u32 = 1;
+const HEADER_LEN: usize = 56;
+const NODE_LEN: usize = 21;
+const CHECKSUM_LEN: usize = 4;
+
+/// Little-endian reader over a byte slice whose length was checked up front.
+struct Reader<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn bytes<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0u8; N];
+        out.copy_from_slice(&self.data[self.at..self.at + N]);
+        self.at += N;
+        out
+    }
+
+    fn u8(&mut self) -> u8 {
+        self.bytes::<1>()[0]
+    }
+
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.bytes())
+    }
+
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.bytes())
+    }
+}
+
+fn u32_at(data: &[u8], at: usize) -> u32 {
+    Reader { data, at }.u32()
+}
+
+impl Automaton {
+    /// The image of this automaton in the persistence format (see `automaton::persist`).
+    #[must_use]
+    #[allow(clippy::cast_possible_truncation)] // slots, lengths and depths fit in u32 / u8
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let slots = self.nodes.len();
+        let size =
+            HEADER_LEN + 4 * (self.recent.len() + self.free.len()) + NODE_LEN * self.live + 4;
+        let mut out = Vec::with_capacity(size);
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(self.ngram as u32).to_le_bytes());
+        out.extend_from_slice(&(self.min_depth as u32).to_le_bytes());
+        out.extend_from_slice(&(self.capacity as u64).to_le_bytes());
+        out.extend_from_slice(&self.tick.to_le_bytes());
+        out.extend_from_slice(&(slots as u32).to_le_bytes());
+        out.extend_from_slice(&(self.live as u32).to_le_bytes());
+        out.extend_from_slice(&(self.free.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(self.recent.len() as u32).to_le_bytes());
+        for &t in &self.recent {
+            out.extend_from_slice(&t.to_le_bytes());
+        }
+        for &v in &self.free {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for n in self.nodes[1..].iter().filter(|n| n.alive) {
+            out.extend_from_slice(&n.token.to_le_bytes());
+            out.extend_from_slice(&n.parent.to_le_bytes());
+            out.extend_from_slice(&n.count.to_le_bytes());
+            out.extend_from_slice(&n.tick.to_le_bytes());
+            out.push(n.depth as u8);
+        }
+        let checksum = crc32(&out);
+        out.extend_from_slice(&checksum.to_le_bytes());
+        debug_assert_eq!(out.len(), size);
+        out
+    }
+
+    /// Rebuild an automaton from [`Automaton::to_bytes`] output.
+    ///
+    /// # Errors
+    /// `CorruptFile` (naming `data`) if the image is truncated, damaged, of another format or
+    /// version, or describes an automaton that breaks an invariant.
+    pub fn from_bytes(data: &[u8]) -> Result<Self> {
+        decode(data, "data")
+    }
+
+    /// Write the image to `path` atomically: into a temporary file in the same folder, synced
+    /// to disk, then renamed over `path` (the temporary file is removed on failure).
+    ///
+    /// # Errors
+    /// `Io` if a file operation fails; `InvalidArgument` if `path` names no file.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        write_atomic(path, &self.to_bytes())
+    }
+
+    /// Read an automaton saved by [`Automaton::save`].
+    ///
+    /// # Errors
+    /// `Io` if the file cannot be read; `CorruptFile` (naming the file) as for
+    /// [`Automaton::from_bytes`].
+    pub fn load(path: &Path) -> Result<Self> {
+        let data = fs::read(path).map_err(|e| io_error(path, &e))?;
+        decode(&data, &path.display().to_string())
+    }
+}
+
+fn decode(data: &[u8], source: &str) -> Result<Automaton> {
+    let corrupt = |msg: String| Error::CorruptFile {
+        source_name: source.to_string(),
+        msg,
+    };
+    let len = data.len();
+    if len == 0 {
+        return Err(corrupt("is empty, not an automaton image".into()));
+    }
+    let head = &data[..len.min(MAGIC.len())];
+    if head != &MAGIC[..head.len()] {
+        return Err(corrupt(format!(
+            "is not an automaton image (starts with {head:02x?}, expected {MAGIC:02x?} = \"RACERIDX\")"
+        )));
+    }
+    let minimum = HEADER_LEN + CHECKSUM_LEN;
+    if len < 12 {
+        return Err(corrupt(format!(
+            "is truncated: {len} bytes, shorter than the {minimum}-byte minimum"
+        )));
+    }
+    let version = u32_at(data, 8);
+    if version != FORMAT_VERSION {
+        let why = if version > FORMAT_VERSION {
+            "newer than this racer_rs reads; upgrade racer_rs"
+        } else {
+            "unknown"
+        };
+        return Err(corrupt(format!(
+            "has format version {version} ({why}); this build reads version {FORMAT_VERSION}"
+        )));
+    }
+    if len < minimum {
+        return Err(corrupt(format!(
+            "is truncated: {len} bytes, shorter than the {minimum}-byte minimum"
+        )));
+    }
+    let mut r = Reader { data, at: 12 };
+    let flags = r.u32();
+    let ngram = r.u32();
+    let min_depth = r.u32();
+    let capacity = r.u64();
+    let tick = r.u64();
+    let slots = r.u32();
+    let live = r.u32();
+    let free_len = r.u32();
+    let recent_len = r.u32();
+    let expected = (HEADER_LEN + CHECKSUM_LEN) as u64
+        + 4 * (u64::from(recent_len) + u64::from(free_len))
+        + NODE_LEN as u64 * u64::from(live);
+    if len as u64 != expected {
+        let what = if (len as u64) < expected {
+            "is truncated"
+        } else {
+            "has trailing bytes"
+        };
+        return Err(corrupt(format!(
+            "{what}: {len} bytes, but its header describes {expected} \
+             ({live} nodes, {free_len} free slots, {recent_len} recent tokens)"
+        )));
+    }
+    let stored = u32_at(data, len - CHECKSUM_LEN);
+    let computed = crc32(&data[..len - CHECKSUM_LEN]);
+    if stored != computed {
+        return Err(corrupt(format!(
+            "is damaged: checksum {computed:08x} differs from the stored {stored:08x}"
+        )));
+    }
+    // From here on the bytes are what some writer wrote; they are still checked, so a buggy
+    // or hostile writer gets an error, never a panic or a wrong index.
+    if flags != 0 {
+        return Err(corrupt(format!("has unknown flags {flags:#x}")));
+    }
+    let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
+    let mut a = Automaton::new(ngram as usize, capacity, min_depth as usize)
+        .map_err(|e| corrupt(format!("has a bad configuration: {e}")))?;
+    if recent_len as usize > a.ngram {
+        return Err(corrupt(format!(
+            "holds {recent_len} recent tokens, more than ngram = {ngram}"
+        )));
+    }
+    if u64::from(slots) != 1 + u64::from(live) + u64::from(free_len) {
+        return Err(corrupt(format!(
+            "has {slots} node slots for 1 root, {live} live nodes and {free_len} free slots"
+        )));
+    }
+    if live as usize > a.capacity || slots as usize > a.capacity + 1 {
+        return Err(corrupt(format!(
+            "has {live} live nodes in {slots} slots, beyond the node budget {}",
+            a.capacity
+        )));
+    }
+    a.tick = tick;
+    let recent: Vec<u32> = (0..recent_len).map(|_| r.u32()).collect();
+    if let Some(t) = recent.iter().find(|&&t| t > i32::MAX as u32) {
+        return Err(corrupt(format!("holds a recent token {t} beyond int32")));
+    }
+    // Slots start alive; the free list marks the dead ones.
+    let (slots, live) = (slots as usize, live as usize);
+    a.nodes = Vec::with_capacity(slots);
+    a.nodes.push(Node::root());
+    a.nodes.resize(
+        slots,
+        Node {
+            token: NIL,
+            parent: NIL,
+            fail: NIL,
+            first_child: NIL,
+            next_sibling: NIL,
+            prev_sibling: NIL,
+            ..Node::root()
+        },
+    );
+    a.free = Vec::with_capacity(free_len as usize);
+    for _ in 0..free_len {
+        let v = r.u32();
+        if v == ROOT || v as usize >= slots || !a.nodes[v as usize].alive {
+            return Err(corrupt(format!(
+                "has a bad or repeated free slot {v} (slots 1..{slots})"
+            )));
+        }
+        a.nodes[v as usize].alive = false;
+        a.free.push(v);
+    }
+    let max_depth = a.ngram as u32;
+    for v in 1..slots {
+        if !a.nodes[v].alive {
+            continue;
+        }
+        let (token, parent, count, last_use, depth) =
+            (r.u32(), r.u32(), r.u32(), r.u64(), u32::from(r.u8()));
+        let bad = if token > i32::MAX as u32 {
+            Some(format!("token {token} beyond int32"))
+        } else if parent as usize >= slots || parent as usize == v {
+            Some(format!("parent slot {parent}"))
+        } else if count == 0 {
+            Some("count 0".to_string())
+        } else if last_use > tick {
+            Some(format!("last use {last_use} after the clock {tick}"))
+        } else if !(1..=max_depth).contains(&depth) {
+            Some(format!("depth {depth} outside 1..={max_depth}"))
+        } else {
+            None
+        };
+        if let Some(what) = bad {
+            return Err(corrupt(format!("has a bad node in slot {v}: {what}")));
+        }
+        let n = &mut a.nodes[v];
+        (n.token, n.parent, n.count, n.tick, n.depth) = (token, parent, count, last_use, depth);
+    }
+    debug_assert_eq!(r.at, len - CHECKSUM_LEN);
+    a.live = live;
+    link(&mut a).map_err(corrupt)?;
+    a.recent = VecDeque::with_capacity(a.ngram + 1);
+    a.recent.extend(recent.iter().copied());
+    a.state = a.find(&recent).ok_or_else(|| {
+        corrupt(format!(
+            "has recent tokens {recent:?} that spell no node (the match state is lost)"
+        ))
+    })?;
+    a.state_generation = a.nodes[a.state as usize].generation;
+    a.rebuild_lru();
+    a.check_integrity_linear()
+        .map_err(|e| corrupt(format!("fails the integrity check: {e}")))?;
+    Ok(a)
+}
+
+/// Rebuild the goto map, child lists, depths' consistency and failure links of freshly read
+/// nodes; returns what is wrong if they do not form a prefix- and suffix-closed trie.
+fn link(a: &mut Automaton) -> std::result::Result<(), String> {
+    let slots = a.nodes.len();
+    let mut by_depth: Vec<Vec<u32>> = vec![Vec::new(); a.ngram + 1];
+    a.goto.reserve(a.live);
+    for v in 1..slots as u32 {
+        let n = &a.nodes[v as usize];
+        if !n.alive {
+            continue;
+        }
+        let (token, parent, depth) = (n.token, n.parent, n.depth);
+        let p = &a.nodes[parent as usize];
+        if !p.alive || p.depth + 1 != depth {
+            return Err(format!(
+                "node {v} (depth {depth}) hangs below slot {parent}, which is free or at depth {}",
+                p.depth
+            ));
+        }
+        if a.goto.insert(key(parent, token), v).is_some() {
+            return Err(format!("slot {parent} has two children labelled {token}"));
+        }
+        by_depth[depth as usize].push(v);
+        let first = a.nodes[parent as usize].first_child;
+        if first != NIL {
+            a.nodes[first as usize].prev_sibling = v;
+        }
+        let p = &mut a.nodes[parent as usize];
+        p.first_child = v;
+        p.n_children += 1;
+        a.nodes[v as usize].next_sibling = first;
+    }
+    // Parents are one level up, so depth order links every parent before its children.
+    for level in &by_depth[1..] {
+        for &v in level {
+            let n = &a.nodes[v as usize];
+            let fail = if n.depth == 1 {
+                ROOT
+            } else {
+                let parent_fail = a.nodes[n.parent as usize].fail;
+                match a.goto.get(&key(parent_fail, n.token)) {
+                    Some(&f) => f,
+                    None => {
+                        return Err(format!(
+                            "node {v} (depth {}) has no suffix node (the trie is not suffix-closed)",
+                            n.depth
+                        ));
+                    }
+                }
+            };
+            a.nodes[v as usize].fail = fail;
+            a.nodes[fail as usize].fail_in += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Write `bytes` to `path` atomically: a temporary file in the same folder, written, synced
+/// and renamed over `path`; the temporary file is removed if any step fails.
+///
+/// # Errors
+/// `Io` naming the file whose operation failed; `InvalidArgument` if `path` names no file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let Some(name) = path.file_name() else {
+        return Err(invalid("path", format!("{} names no file", path.display())));
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.{n}.tmp", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(|e| io_error(&tmp, &e))?;
+    let written = file
+        .write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| io_error(&tmp, &e))
+        .and_then(|()| {
+            drop(file);
+            fs::rename(&tmp, path).map_err(|e| io_error(path, &e))
+        });
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+        return written;
+    }
+    // Make the rename itself durable (best effort: not every platform can sync a folder).
+    if let Ok(d) = File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
