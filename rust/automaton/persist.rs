@@ -379,7 +379,8 @@ fn link(a: &mut Automaton) -> std::result::Result<(), String> {
 /// and renamed over `path`; the temporary file is removed if any step fails.
 ///
 /// # Errors
-/// `Io` naming the file whose operation failed; `InvalidArgument` if `path` names no file.
+/// `Io` naming `path` (not the temporary file) if a step fails; `InvalidArgument` if `path`
+/// names no file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let Some(name) = path.file_name() else {
@@ -398,11 +399,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .write(true)
         .create_new(true)
         .open(&tmp)
-        .map_err(|e| io_error(&tmp, &e))?;
+        .map_err(|e| io_error(path, &e))?;
     let written = file
         .write_all(bytes)
         .and_then(|()| file.sync_all())
-        .map_err(|e| io_error(&tmp, &e))
+        .map_err(|e| io_error(path, &e))
         .and_then(|()| {
             drop(file);
             fs::rename(&tmp, path).map_err(|e| io_error(path, &e))

@@ -102,17 +102,18 @@ impl Automaton {
 
     /// [`Automaton::retrieve`] for an explicit `context` instead of the automaton's own: the
     /// borders are the nodes for `s + [next_token]` with `s` a suffix of `context` (at most
-    /// `ngram - 1` tokens). The match state is neither read nor changed, so this is how a
-    /// shared automaton answers for any request. Refreshes LRU recency of the nodes it uses.
+    /// `ngram - 1` tokens). Read-only, so a shared automaton can answer any request while others
+    /// read it too: the match state is neither read nor changed, and the LRU recency of the
+    /// nodes used comes back as a [`Recency`] for [`Automaton::touch`].
     ///
     /// # Errors
     /// `InvalidArgument` if a token is negative or `budget` is outside `1..=MAX_TREE_NODES`.
     pub fn retrieve_after(
-        &mut self,
+        &self,
         context: &[i32],
         next_token: i32,
         budget: usize,
-    ) -> Result<DraftTree> {
+    ) -> Result<(DraftTree, Recency)> {
         check_token("next_token", next_token)?;
         check_budget("budget", budget)?;
         if let Some(&t) = context.iter().find(|&&t| t < 0) {
@@ -127,8 +128,7 @@ impl Automaton {
             budget,
             Source::Local,
         );
-        self.mark_used(&used);
-        Ok(builder.finish())
+        Ok((builder.finish(), self.recency(&used)))
     }
 
     /// The borders: nodes for `s + [next]` with `s` a context suffix (found on the failure chain

@@ -341,10 +341,10 @@ fn stateless_borders_equal_the_match_state_borders() {
             let next = (lcg(&mut s) % 4) as i32;
             let context: Vec<i32> = recent.iter().map(|&t| t as i32).collect();
             let mut b = a.clone();
-            assert_eq!(
-                a.retrieve(next, 10).unwrap(),
-                b.retrieve_after(&context, next, 10).unwrap()
-            );
+            let (tree, recency) = b.retrieve_after(&context, next, 10).unwrap();
+            assert_eq!(a.retrieve(next, 10).unwrap(), tree);
+            b.touch(&recency); // the same recency as the stateful call's
+            assert_eq!(a.to_bytes(), b.to_bytes());
         }
     }
 }
