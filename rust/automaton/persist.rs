@@ -22,7 +22,9 @@
 //!
 //! Nodes keep their slot numbers and the free list its order because ties are broken by slot
 //! (the LRU heap orders equal last uses by slot, the scored build equal scores by trie node):
-//! renumbering would change which node is evicted next. Everything else (goto map, child lists,
+//! renumbering would change which node is evicted next. The image is compact all the same:
+//! `extend` reuses an evicted slot at once, so the free list is empty in practice and the live
+//! nodes fill slots `1..=L` (the field keeps the format exact for any slot layout). Everything else (goto map, child lists,
 //! failure links and their reference counts, the LRU heap, the match state) is recomputed on
 //! load, failure links by induction on depth, which also proves the trie suffix-closed. Node
 //! generations restart at zero: no handle survives a load.
