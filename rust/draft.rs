@@ -502,4 +502,95 @@ mod tests {
         .unwrap();
         assert_eq!(chain.tokens(), &[2, 9, 9]);
     }
+
+    /// Token path from the root to every node of `tree`.
+    fn paths(tree: &DraftTree) -> Vec<Vec<i32>> {
+        let mut out: Vec<Vec<i32>> = Vec::with_capacity(tree.len());
+        for i in 0..tree.len() {
+            let p = tree.parents()[i];
+            let mut path = if p < 0 {
+                vec![]
+            } else {
+                out[p as usize].clone()
+            };
+            path.push(tree.tokens()[i]);
+            out.push(path);
+        }
+        out
+    }
+
+    /// Whether `path` followed a suffix (1..=ngram - 1 tokens, within `ngram` in all) of
+    /// `context` in one of `corpus`'s sequences.
+    fn occurred_after(corpus: &[Vec<i32>], context: &[i32], path: &[i32], ngram: usize) -> bool {
+        (1..=context.len().min(ngram.saturating_sub(path.len()))).any(|k| {
+            let mut s = context[context.len() - k..].to_vec();
+            s.extend_from_slice(path);
+            corpus
+                .iter()
+                .any(|seq| seq.windows(s.len()).any(|w| w == s.as_slice()))
+        })
+    }
+
+    #[test]
+    fn shared_continuations_merge_into_both_builds_with_their_own_cells() {
+        let (mut a, t) = sources();
+        let corpus = vec![vec![4, 1, 2, 6, 7, 8], vec![3, 1, 2, 6, 9]];
+        let mut shared = Automaton::new(6, 1000, 2).unwrap();
+        for seq in &corpus {
+            shared.extend(seq).unwrap();
+            shared.new_sequence();
+        }
+        let context: Vec<i32> = a.recent_tokens().iter().map(|&x| x as i32).collect();
+        for scored in [false, true] {
+            let options = DraftOptions {
+                capacity: 40,
+                scored,
+                ..Default::default()
+            };
+            let (tree, recency) =
+                build_draft_tree_shared(&mut a, Some(&shared), &t, 2, &[], &options, None).unwrap();
+            assert!(!recency.is_empty());
+            let paths = paths(&tree);
+            let mut n_shared = 0;
+            for i in 1..tree.len() {
+                if kind(tree.cells()[i]) == EdgeKind::SharedRetrieval {
+                    assert!(
+                        occurred_after(&corpus, &context, &paths[i], 6),
+                        "{:?}",
+                        paths[i]
+                    );
+                    n_shared += 1;
+                }
+            }
+            // "1 2" then 6 (7 8 | 9) appears only in the shared corpus.
+            assert!(n_shared >= 2, "scored: {scored}");
+            assert!(paths.contains(&vec![2, 6, 7, 8]) || scored);
+            let before = shared.to_bytes();
+            shared.touch(&recency);
+            let after = shared.to_bytes();
+            assert_eq!(before.len(), after.len());
+            assert_ne!(before, after); // recency only: same size, same counts
+            shared.check_integrity().unwrap();
+        }
+    }
+
+    #[test]
+    fn an_empty_or_absent_shared_automaton_changes_nothing() {
+        let empty = Automaton::new(6, 1000, 2).unwrap();
+        for scored in [false, true] {
+            let options = DraftOptions {
+                capacity: 30,
+                scored,
+                ..Default::default()
+            };
+            let (mut a, t) = sources();
+            let (mut b, _) = sources();
+            let plain = build_draft_tree(&mut a, &t, 2, &[7], &options, None).unwrap();
+            let (merged, recency) =
+                build_draft_tree_shared(&mut b, Some(&empty), &t, 2, &[7], &options, None).unwrap();
+            assert_eq!(plain, merged);
+            assert!(recency.is_empty());
+            assert_eq!(a.to_bytes(), b.to_bytes());
+        }
+    }
 }
