@@ -552,13 +552,9 @@ mod tests {
             assert!(!recency.is_empty());
             let paths = paths(&tree);
             let mut n_shared = 0;
-            for i in 1..tree.len() {
-                if kind(tree.cells()[i]) == EdgeKind::SharedRetrieval {
-                    assert!(
-                        occurred_after(&corpus, &context, &paths[i], 6),
-                        "{:?}",
-                        paths[i]
-                    );
+            for (path, &cell) in paths.iter().zip(tree.cells()).skip(1) {
+                if kind(cell) == EdgeKind::SharedRetrieval {
+                    assert!(occurred_after(&corpus, &context, path, 6), "{path:?}");
                     n_shared += 1;
                 }
             }
