@@ -189,8 +189,8 @@ class Automaton:
 
         Format version 1: magic ``b"RACERIDX"``, the version, the configuration (``ngram``,
         ``min_depth``, ``capacity``), the clock, the recent tokens, the free slots and the
-        live trie nodes (token, parent, count, last use, depth), then a CRC-32 (as
-        ``zlib.crc32`` computes it) of everything before it.
+        live trie nodes (token, parent, failure link, count, last use, depth), then a CRC-32
+        (as ``zlib.crc32`` computes it) of everything before it.
 
         Returns:
             The image; ``Automaton.from_bytes`` reads it back.

@@ -17,17 +17,23 @@
 //! | 52 | 4 | recent tokens (`R <= ngram`) |
 //! | 56 | 4R | the recent tokens, oldest first (the match state spells them) |
 //! | | 4F | the free list, in stack order (the next node reuses the last) |
-//! | | 21L | the live nodes in increasing slot order: token u32, parent slot u32, count u32, last use u64, depth u8 |
+//! | | 25L | the live nodes in increasing slot order: token u32, parent slot u32, failure link slot u32, count u32, last use u64, depth u8 |
 //! | | 4 | CRC-32 (zlib's) of every byte before it |
 //!
 //! Nodes keep their slot numbers and the free list its order because ties are broken by slot
 //! (the LRU heap orders equal last uses by slot, the scored build equal scores by trie node):
 //! renumbering would change which node is evicted next. The image is compact all the same:
 //! `extend` reuses an evicted slot at once, so the free list is empty in practice and the live
-//! nodes fill slots `1..=L` (the field keeps the format exact for any slot layout). Everything else (goto map, child lists,
-//! failure links and their reference counts, the LRU heap, the match state) is recomputed on
-//! load, failure links by induction on depth, which also proves the trie suffix-closed. Node
-//! generations restart at zero: no handle survives a load.
+//! nodes fill slots `1..=L` (the field keeps the format exact for any slot layout).
+//!
+//! Failure links are stored (a recomputation costs a hash lookup per node, as much as the rest
+//! of the load) and verified without one: the stored link `f` of node `v` (token `t`, parent
+//! `p`) must be the root at depth 1, and otherwise a live node one level up whose token is `t`
+//! and whose parent is the stored link of `p`. By induction on depth, `f` then spells `v`'s
+//! string minus its first token (children of a node carry distinct tokens, also checked), so
+//! every link is right and the trie suffix-closed. Everything else (goto map, child lists,
+//! dependent counters, the LRU heap, the match state) is rebuilt. Node generations restart at
+//! zero: no handle survives a load.
 //!
 //! Loading never trusts the image: the length must match the header, the checksum must match,
 //! every count, slot, depth and token must be in range, and the result must pass
@@ -51,7 +57,7 @@ pub const MAGIC: [u8; 8] = *b"RACERIDX";
 /// Format version written, and the only one read.
 pub const FORMAT_VERSION: u32 = 1;
 const HEADER_LEN: usize = 56;
-const NODE_LEN: usize = 21;
+const NODE_LEN: usize = 25;
 const CHECKSUM_LEN: usize = 4;
 
 /// Little-endian reader over a byte slice whose length was checked up front.
@@ -114,6 +120,7 @@ impl Automaton {
         for n in self.nodes[1..].iter().filter(|n| n.alive) {
             out.extend_from_slice(&n.token.to_le_bytes());
             out.extend_from_slice(&n.parent.to_le_bytes());
+            out.extend_from_slice(&n.fail.to_le_bytes());
             out.extend_from_slice(&n.count.to_le_bytes());
             out.extend_from_slice(&n.tick.to_le_bytes());
             out.push(n.depth as u8);
@@ -250,62 +257,22 @@ fn decode(data: &[u8], source: &str) -> Result<Automaton> {
     if let Some(t) = recent.iter().find(|&&t| t > i32::MAX as u32) {
         return Err(corrupt(format!("holds a recent token {t} beyond int32")));
     }
-    // Slots start alive; the free list marks the dead ones.
-    let (slots, live) = (slots as usize, live as usize);
-    a.nodes = Vec::with_capacity(slots);
-    a.nodes.push(Node::root());
-    a.nodes.resize(
-        slots,
-        Node {
-            token: NIL,
-            parent: NIL,
-            fail: NIL,
-            first_child: NIL,
-            next_sibling: NIL,
-            prev_sibling: NIL,
-            ..Node::root()
-        },
-    );
+    let mut c = Columns::new(slots as usize);
     a.free = Vec::with_capacity(free_len as usize);
     for _ in 0..free_len {
         let v = r.u32();
-        if v == ROOT || v as usize >= slots || !a.nodes[v as usize].alive {
+        if v == ROOT || v >= slots || c.depth[v as usize] == DEAD {
             return Err(corrupt(format!(
                 "has a bad or repeated free slot {v} (slots 1..{slots})"
             )));
         }
-        a.nodes[v as usize].alive = false;
+        c.depth[v as usize] = DEAD;
         a.free.push(v);
     }
-    let max_depth = a.ngram as u32;
-    for v in 1..slots {
-        if !a.nodes[v].alive {
-            continue;
-        }
-        let (token, parent, count, last_use, depth) =
-            (r.u32(), r.u32(), r.u32(), r.u64(), u32::from(r.u8()));
-        let bad = if token > i32::MAX as u32 {
-            Some(format!("token {token} beyond int32"))
-        } else if parent as usize >= slots || parent as usize == v {
-            Some(format!("parent slot {parent}"))
-        } else if count == 0 {
-            Some("count 0".to_string())
-        } else if last_use > tick {
-            Some(format!("last use {last_use} after the clock {tick}"))
-        } else if !(1..=max_depth).contains(&depth) {
-            Some(format!("depth {depth} outside 1..={max_depth}"))
-        } else {
-            None
-        };
-        if let Some(what) = bad {
-            return Err(corrupt(format!("has a bad node in slot {v}: {what}")));
-        }
-        let n = &mut a.nodes[v];
-        (n.token, n.parent, n.count, n.tick, n.depth) = (token, parent, count, last_use, depth);
-    }
+    c.read_nodes(&mut r, a.ngram, tick).map_err(&corrupt)?;
     debug_assert_eq!(r.at, len - CHECKSUM_LEN);
-    a.live = live;
-    link(&mut a).map_err(corrupt)?;
+    c.link(&mut a).map_err(&corrupt)?;
+    a.live = live as usize;
     a.recent = VecDeque::with_capacity(a.ngram + 1);
     a.recent.extend(recent.iter().copied());
     a.state = a.find(&recent).ok_or_else(|| {
@@ -315,63 +282,220 @@ fn decode(data: &[u8], source: &str) -> Result<Automaton> {
     })?;
     a.state_generation = a.nodes[a.state as usize].generation;
     a.rebuild_lru();
-    a.check_integrity_linear()
-        .map_err(|e| corrupt(format!("fails the integrity check: {e}")))?;
+    // `link` checked or built every invariant `check_integrity` checks (see `Columns::link`);
+    // re-deriving them all again costs as much as the load, so only debug builds (and the
+    // tests, with the brute-force check) do.
+    debug_assert_eq!(a.check_integrity_linear(), Ok(()));
     Ok(a)
 }
 
-/// Rebuild the goto map, child lists, depths' consistency and failure links of freshly read
-/// nodes; returns what is wrong if they do not form a prefix- and suffix-closed trie.
-fn link(a: &mut Automaton) -> std::result::Result<(), String> {
-    let slots = a.nodes.len();
-    let mut by_depth: Vec<Vec<u32>> = vec![Vec::new(); a.ngram + 1];
-    a.goto.reserve(a.live);
-    for v in 1..slots as u32 {
-        let n = &a.nodes[v as usize];
-        if !n.alive {
-            continue;
+/// Depth of a free slot while decoding (no live node is this deep).
+const DEAD: u8 = u8::MAX;
+
+/// The decoded nodes, one compact array per field (indexed by slot), so that the random
+/// accesses of linking hit small arrays rather than whole nodes.
+struct Columns {
+    token: Vec<u32>,
+    parent: Vec<u32>,
+    fail: Vec<u32>,
+    count: Vec<u32>,
+    last_use: Vec<u64>,
+    depth: Vec<u8>,
+}
+
+impl Columns {
+    fn new(slots: usize) -> Self {
+        let mut parent = vec![0u32; slots];
+        parent[0] = NIL;
+        Self {
+            token: vec![NIL; slots],
+            parent,
+            fail: vec![ROOT; slots],
+            count: vec![0; slots],
+            last_use: vec![0; slots],
+            depth: vec![0; slots],
         }
-        let (token, parent, depth) = (n.token, n.parent, n.depth);
-        let p = &a.nodes[parent as usize];
-        if !p.alive || p.depth + 1 != depth {
-            return Err(format!(
-                "node {v} (depth {depth}) hangs below slot {parent}, which is free or at depth {}",
-                p.depth
-            ));
-        }
-        if a.goto.insert(key(parent, token), v).is_some() {
-            return Err(format!("slot {parent} has two children labelled {token}"));
-        }
-        by_depth[depth as usize].push(v);
-        let first = a.nodes[parent as usize].first_child;
-        if first != NIL {
-            a.nodes[first as usize].prev_sibling = v;
-        }
-        let p = &mut a.nodes[parent as usize];
-        p.first_child = v;
-        p.n_children += 1;
-        a.nodes[v as usize].next_sibling = first;
     }
-    // Parents are one level up, so depth order links every parent before its children.
-    for level in &by_depth[1..] {
-        for &v in level {
-            let n = &a.nodes[v as usize];
-            let fail = if n.depth == 1 {
-                ROOT
+
+    fn slots(&self) -> usize {
+        self.depth.len()
+    }
+
+    /// Read one record per slot that is not free, checking each field's range.
+    fn read_nodes(
+        &mut self,
+        r: &mut Reader<'_>,
+        ngram: usize,
+        tick: u64,
+    ) -> std::result::Result<(), String> {
+        let (slots, max_depth) = (self.slots(), ngram as u32);
+        for v in 1..slots {
+            if self.depth[v] == DEAD {
+                continue;
+            }
+            let (token, parent, fail, count, last_use, depth) =
+                (r.u32(), r.u32(), r.u32(), r.u32(), r.u64(), r.u8());
+            let bad = if token > i32::MAX as u32 {
+                Some(format!("token {token} beyond int32"))
+            } else if parent as usize >= slots || parent as usize == v {
+                Some(format!("parent slot {parent}"))
+            } else if fail as usize >= slots || fail as usize == v {
+                Some(format!("failure link slot {fail}"))
+            } else if count == 0 {
+                Some("count 0".to_string())
+            } else if last_use > tick {
+                Some(format!("last use {last_use} after the clock {tick}"))
+            } else if !(1..=max_depth).contains(&u32::from(depth)) {
+                Some(format!("depth {depth} outside 1..={max_depth}"))
             } else {
-                let parent_fail = a.nodes[n.parent as usize].fail;
-                match a.goto.get(&key(parent_fail, n.token)) {
-                    Some(&f) => f,
-                    None => {
-                        return Err(format!(
-                            "node {v} (depth {}) has no suffix node (the trie is not suffix-closed)",
-                            n.depth
-                        ));
-                    }
-                }
+                None
             };
-            a.nodes[v as usize].fail = fail;
-            a.nodes[fail as usize].fail_in += 1;
+            if let Some(what) = bad {
+                return Err(format!("has a bad node in slot {v}: {what}"));
+            }
+            self.token[v] = token;
+            self.parent[v] = parent;
+            self.fail[v] = fail;
+            self.count[v] = count;
+            self.last_use[v] = last_use;
+            self.depth[v] = depth;
+        }
+        Ok(())
+    }
+
+    /// Build `a`'s nodes and goto map, checking every invariant of `check_integrity` that does
+    /// not hold by construction; returns what is wrong otherwise.
+    ///
+    /// Checked: each node's parent is live and one level up (so parent links are acyclic and
+    /// depths right), no two children of a node share a token, each failure link is the node of
+    /// the string minus its first token (see the module doc; this also proves the trie
+    /// suffix-closed), and counts never exceed the prefix's or the suffix's. Built, so right by
+    /// construction: the goto map (one entry per live node), the child lists and the dependent
+    /// counters. The caller checks the budget and rebuilds the match state and the LRU heap.
+    fn link(self, a: &mut Automaton) -> std::result::Result<(), String> {
+        let slots = self.slots();
+        let Self {
+            token,
+            parent,
+            fail,
+            count,
+            last_use,
+            depth,
+        } = self;
+        let live = (1..slots).filter(|&v| depth[v] != DEAD);
+        let mut n_children = vec![0u32; slots];
+        let mut fail_in = vec![0u32; slots];
+        a.goto.reserve(slots);
+        for v in live.clone() {
+            let (p, f) = (parent[v] as usize, fail[v] as usize);
+            if depth[p] == DEAD || u32::from(depth[p]) + 1 != u32::from(depth[v]) {
+                return Err(format!(
+                    "node {v} (depth {}) hangs below slot {p}, which is free or at depth {}",
+                    depth[v], depth[p]
+                ));
+            }
+            let suffix = if depth[v] == 1 {
+                f == 0
+            } else {
+                depth[f] != DEAD
+                    && depth[f] + 1 == depth[v]
+                    && token[f] == token[v]
+                    && parent[f] == fail[p]
+            };
+            if !suffix {
+                return Err(format!(
+                    "node {v} (depth {}): its failure link {f} is not the node of its string \
+                     minus the first token",
+                    depth[v]
+                ));
+            }
+            if (p != 0 && count[p] < count[v]) || (f != 0 && count[f] < count[v]) {
+                return Err(format!(
+                    "node {v}: count {} exceeds its prefix's ({}) or its suffix's ({})",
+                    count[v], count[p], count[f]
+                ));
+            }
+            n_children[p] += 1;
+            fail_in[f] += 1;
+        }
+        insert_in_bucket_order(
+            a,
+            live.clone().map(|v| (key(parent[v], token[v]), v as u32)),
+        )?;
+        let mut first_child = vec![NIL; slots];
+        let mut next_sibling = vec![NIL; slots];
+        let mut prev_sibling = vec![NIL; slots];
+        for v in live {
+            let p = parent[v] as usize;
+            let first = first_child[p];
+            next_sibling[v] = first;
+            if first != NIL {
+                prev_sibling[first as usize] = v as u32;
+            }
+            first_child[p] = v as u32;
+        }
+        a.nodes = (0..slots)
+            .map(|v| Node {
+                token: token[v],
+                parent: parent[v],
+                fail: if v == 0 { ROOT } else { fail[v] },
+                depth: if depth[v] == DEAD {
+                    0
+                } else {
+                    u32::from(depth[v])
+                },
+                count: count[v],
+                first_child: first_child[v],
+                next_sibling: next_sibling[v],
+                prev_sibling: prev_sibling[v],
+                n_children: n_children[v],
+                fail_in: fail_in[v],
+                tick: last_use[v],
+                generation: 0,
+                alive: depth[v] != DEAD,
+            })
+            .collect();
+        Ok(())
+    }
+}
+
+/// Insert the goto entries of a fresh map in the order of their home buckets (a counting sort
+/// on the bucket index's top bits), so consecutive inserts touch neighbouring memory instead of
+/// random places in a table far larger than the caches: several times faster for millions of
+/// nodes. Only speed depends on the order (and on the map putting a hash's home bucket at its
+/// low bits); fails if two entries share a key (two children of a node with the same token).
+fn insert_in_bucket_order(
+    a: &mut Automaton,
+    entries: impl Iterator<Item = (u64, u32)> + Clone,
+) -> std::result::Result<(), String> {
+    use std::hash::BuildHasher;
+    const GROUP_BITS: u32 = 12;
+    let hasher = *a.goto.hasher();
+    // The table's bucket count: a power of two of which the capacity is 7/8.
+    let buckets = (a.goto.capacity() / 7 * 8).next_power_of_two().max(1);
+    let shift = buckets.trailing_zeros().saturating_sub(GROUP_BITS);
+    #[allow(clippy::cast_possible_truncation)] // only the low bits are used
+    let group = |k: u64| (hasher.hash_one(k) as usize & (buckets - 1)) >> shift;
+    let mut start = vec![0usize; (1 << GROUP_BITS) + 1];
+    for (k, _) in entries.clone() {
+        start[group(k) + 1] += 1;
+    }
+    for g in 1..start.len() {
+        start[g] += start[g - 1];
+    }
+    let mut sorted = vec![(0u64, 0u32); start[1 << GROUP_BITS]];
+    for (k, v) in entries {
+        let at = &mut start[group(k)];
+        sorted[*at] = (k, v);
+        *at += 1;
+    }
+    for (k, v) in sorted {
+        if a.goto.insert(k, v).is_some() {
+            return Err(format!(
+                "slot {} has two children labelled {}",
+                k >> 32,
+                k & u64::from(u32::MAX)
+            ));
         }
     }
     Ok(())

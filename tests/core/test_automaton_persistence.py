@@ -141,7 +141,7 @@ def test_the_image_layout_and_checksum_are_as_documented():
     assert (magic, version, flags, ngram, min_depth, capacity) == (b"RACERIDX", 1, 0, 4, 2, 12)
     # An evicted slot is reused at once, so live nodes fill the slots with no gap.
     assert live == len(a) == 12 and slots == 1 + live and free == 0 and recent == 4 and tick > 0
-    assert len(image) == HEADER.size + 4 * (recent + free) + 21 * live + 4
+    assert len(image) == HEADER.size + 4 * (recent + free) + 25 * live + 4
     assert struct.unpack_from("<4I", image, HEADER.size) == (3, 3, 3, 1)  # the recent tokens
     assert struct.unpack("<I", image[-4:])[0] == zlib.crc32(image[:-4])
 
