@@ -6,7 +6,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use crate::automaton::{Automaton, Recency, Source};
+use crate::automaton::{Automaton, Recency, Source, push_best};
 use crate::edge_cells::{self, EDGE_CELLS};
 use crate::error::{Result, invalid};
 use crate::logits_table::LogitsTable;
@@ -236,6 +236,7 @@ struct ScoredBuild<'a> {
     logits_expanded: Vec<bool>,
     used: Vec<u32>,
     shared_used: Vec<u32>,
+    scratch: Vec<Scored>,
 }
 
 impl<'a> ScoredBuild<'a> {
@@ -258,6 +259,7 @@ impl<'a> ScoredBuild<'a> {
             logits_expanded: Vec::new(),
             used: Vec::new(),
             shared_used: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -331,14 +333,15 @@ impl<'a> ScoredBuild<'a> {
     }
 
     fn push_trie(&mut self, origin: Origin, trie: u32, parent: u32, score: f32) {
-        let heap = &mut self.heap;
         let calibration = self.calibration;
         let (automaton, source): (&Automaton, Source) = match (origin, self.shared) {
             (Origin::Shared, Some(shared)) => (shared, Source::Shared),
             _ => (&*self.automaton, Source::Local),
         };
+        let scratch = &mut self.scratch;
+        scratch.clear();
         automaton.for_each_continuation(trie, source, |token, p, child, cell| {
-            heap.push(Scored {
+            scratch.push(Scored {
                 score: score * calibration.map_or(p, |c| c[cell as usize]),
                 token,
                 parent,
@@ -347,6 +350,8 @@ impl<'a> ScoredBuild<'a> {
                 cell,
             });
         });
+        // Siblings placed under one builder node: at most `capacity - 1` can ever be placed.
+        push_best(&mut self.heap, scratch, self.options.capacity - 1);
     }
 
     /// The edge's acceptance estimate: calibrated by cell when a calibration is given.
@@ -587,6 +592,63 @@ mod tests {
             assert_eq!(plain, merged);
             assert!(recency.is_empty());
             assert_eq!(a.to_bytes(), b.to_bytes());
+        }
+    }
+
+    #[test]
+    fn keeping_only_the_best_children_changes_no_tree() {
+        use crate::automaton::PRUNE;
+        let mut seed = 5u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) as i32
+        };
+        // A wide alphabet: nodes with dozens of children, more than small trees can hold.
+        let stream: Vec<i32> = (0..4000).map(|_| next() % 60).collect();
+        let mut local = Automaton::new(4, 100_000, 1).unwrap();
+        local.extend(&stream[..2000]).unwrap();
+        let mut shared = Automaton::new(5, 3000, 2).unwrap();
+        shared.extend(&stream[2000..]).unwrap();
+        shared.new_sequence();
+        let (_, t) = sources();
+        let mut t60 = LogitsTable::new(60, 3).unwrap();
+        let rows: Vec<i32> = (0..60).collect();
+        let ids: Vec<i32> = (0..180).map(|i| (i * 7 + 1) % 60).collect();
+        t60.update(&rows, &ids, 3).unwrap();
+        drop(t);
+        for capacity in [1, 2, 3, 5, 8, 13, 40] {
+            for scored in [false, true] {
+                for with_shared in [false, true] {
+                    let options = DraftOptions {
+                        capacity,
+                        scored,
+                        ..Default::default()
+                    };
+                    let root = next() % 60;
+                    let shared = with_shared.then_some(&shared);
+                    let run = |prune: bool| {
+                        PRUNE.with(|p| p.set(prune));
+                        let mut a = local.clone();
+                        let (tree, recency) = build_draft_tree_shared(
+                            &mut a,
+                            shared,
+                            &t60,
+                            root,
+                            &[],
+                            &options,
+                            None,
+                        )
+                        .unwrap();
+                        let retrieved = a.retrieve(root, capacity).unwrap();
+                        (tree, recency, retrieved, a.to_bytes())
+                    };
+                    let (pruned, full) = (run(true), run(false));
+                    PRUNE.with(|p| p.set(true));
+                    assert_eq!(pruned, full, "capacity {capacity}, scored {scored}");
+                }
+            }
         }
     }
 }

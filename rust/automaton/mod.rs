@@ -21,6 +21,9 @@ mod persist;
 mod retrieve;
 
 pub use persist::{FORMAT_VERSION, MAGIC, write_atomic};
+#[cfg(test)]
+pub(crate) use retrieve::PRUNE;
+pub(crate) use retrieve::push_best;
 pub use retrieve::{Recency, Source};
 
 use std::cmp::Reverse;

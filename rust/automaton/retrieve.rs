@@ -211,7 +211,9 @@ impl Automaton {
     ) -> Vec<u32> {
         let mut used = vec![border];
         let mut heap = BinaryHeap::new();
-        self.push_children(&mut heap, border, 0, 1, source);
+        let mut scratch = Vec::new();
+        let keep = budget - 1;
+        self.push_children(&mut heap, &mut scratch, border, 0, 1, source, keep);
         while builder.len() < budget {
             let Some(c) = heap.pop() else { break };
             let Some((placed, _)) =
@@ -220,27 +222,41 @@ impl Automaton {
                 break;
             };
             used.push(c.node);
-            self.push_children(&mut heap, c.node, placed, c.rel_depth + 1, source);
+            self.push_children(
+                &mut heap,
+                &mut scratch,
+                c.node,
+                placed,
+                c.rel_depth + 1,
+                source,
+                keep,
+            );
         }
         used
     }
 
+    /// Push the children of trie node `node` (placed as builder node `parent`) as candidates;
+    /// only the best `keep` of them, as no more can ever be placed (see [`push_best`]).
+    #[allow(clippy::too_many_arguments)]
     fn push_children(
         &self,
         heap: &mut BinaryHeap<Candidate>,
+        scratch: &mut Vec<Candidate>,
         node: u32,
         parent: u32,
         rel_depth: u32,
         source: Source,
+        keep: usize,
     ) {
         let (total, depth) = (
             self.nodes[node as usize].count,
             self.nodes[node as usize].depth,
         );
+        scratch.clear();
         let mut c = self.nodes[node as usize].first_child;
         while c != NIL {
             let n = &self.nodes[c as usize];
-            heap.push(Candidate {
+            scratch.push(Candidate {
                 count: n.count,
                 rel_depth,
                 token: n.token,
@@ -250,7 +266,39 @@ impl Automaton {
             });
             c = n.next_sibling;
         }
+        push_best(heap, scratch, keep);
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests switch the pruning of `push_best` off to check that it changes nothing.
+    pub(crate) static PRUNE: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// Push the `keep` greatest of `candidates` onto `heap` (all of them if there are fewer).
+///
+/// Used for the children of one placed node, which share their builder parent and carry
+/// distinct tokens: each one placed becomes (or merges into) a distinct child of that parent,
+/// and a tree of `capacity` nodes gives a node at most `capacity - 1` children; the heap pops
+/// siblings in their own order, so with `keep = capacity - 1` the ones left out could never have
+/// been placed. The tree is the same as with every child pushed, for far less heap work below
+/// nodes with thousands of children (a large shared index).
+pub(crate) fn push_best<T: Ord>(heap: &mut BinaryHeap<T>, candidates: &mut Vec<T>, keep: usize) {
+    #[cfg(test)]
+    if !PRUNE.with(std::cell::Cell::get) {
+        heap.extend(candidates.drain(..));
+        return;
+    }
+    if keep == 0 {
+        candidates.clear();
+        return;
+    }
+    if candidates.len() > keep {
+        candidates.select_nth_unstable_by(keep - 1, |a, b| b.cmp(a));
+        candidates.truncate(keep);
+    }
+    heap.extend(candidates.drain(..));
 }
 
 /// Hooks for the probability-scored tree builder (`crate::draft`).
