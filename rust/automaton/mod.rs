@@ -101,6 +101,9 @@ pub struct Automaton {
     recent: VecDeque<u32>,
     /// Nodes that the running `extend` step still needs; never evicted.
     pinned: Vec<u32>,
+    /// Bumped by `clear`, which recycles every slot with generation 0: a `Recency` taken before
+    /// is then ignored.
+    epoch: u32,
     chain: Vec<u32>,
 }
 
@@ -153,6 +156,7 @@ impl Automaton {
             recent: VecDeque::with_capacity(ngram + 1),
             pinned: Vec::with_capacity(2 * ngram + 2),
             chain: Vec::with_capacity(ngram + 1),
+            epoch: 0,
         })
     }
 
@@ -418,6 +422,7 @@ impl Automaton {
         self.free.clear();
         self.lru.clear();
         self.live = 0;
+        self.epoch = self.epoch.wrapping_add(1);
         self.new_sequence();
     }
 

@@ -50,6 +50,7 @@ impl Source {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recency {
     nodes: Vec<(u32, u32)>,
+    epoch: u32,
 }
 
 impl Recency {
@@ -346,15 +347,17 @@ impl Automaton {
                 .iter()
                 .map(|&v| (v, self.nodes[v as usize].generation))
                 .collect(),
+            epoch: self.epoch,
         }
     }
 
     /// Record the uses in `recency` (from a read-only build on this automaton) as happening
     /// now, as [`Automaton::retrieve`] does for its own uses. Nodes evicted since are skipped
-    /// (a recycled slot has another generation), so applying it late, after other writers, is
-    /// safe; one from another automaton is harmless but meaningless.
+    /// (a recycled slot has another generation, and `clear` voids every earlier `Recency`), so
+    /// applying it late, after other writers, is safe; one from another automaton is harmless
+    /// but meaningless (it only reorders LRU recency).
     pub fn touch(&mut self, recency: &Recency) {
-        if recency.nodes.is_empty() {
+        if recency.nodes.is_empty() || recency.epoch != self.epoch {
             return;
         }
         self.tick += 1;

@@ -368,4 +368,11 @@ fn touch_skips_nodes_recycled_since_the_build() {
         }
     }
     a.check_integrity().unwrap();
+    // After `clear` the slots restart at generation 0: an older recency must not touch them.
+    let recency = a.recency(&(1..a.nodes.len() as u32).collect::<Vec<_>>());
+    a.clear();
+    a.extend(&[1, 2, 3]).unwrap();
+    let image = a.to_bytes();
+    a.touch(&recency);
+    assert_eq!(a.to_bytes(), image);
 }
