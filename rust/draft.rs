@@ -6,7 +6,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use crate::automaton::Automaton;
+use crate::automaton::{Automaton, Recency, Source, push_best};
 use crate::edge_cells::{self, EDGE_CELLS};
 use crate::error::{Result, invalid};
 use crate::logits_table::LogitsTable;
@@ -63,6 +63,47 @@ pub fn build_draft_tree(
     options: &DraftOptions,
     calibration: Option<&[f32]>,
 ) -> Result<DraftTree> {
+    build_draft_tree_shared(
+        automaton,
+        None,
+        table,
+        next_token,
+        draft_chain,
+        options,
+        calibration,
+    )
+    .map(|(tree, _)| tree)
+}
+
+/// [`build_draft_tree`] with a second retrieval source: `shared`, an automaton read by every
+/// request (past responses, a corpus). Its borders are found for the request's context, the
+/// recent tokens of `automaton` (at most its `ngram`), so `shared` needs no match state and is
+/// only read: never extended, its state untouched. Its edges get the shared-retrieval cells.
+///
+/// - Halving build: the request's retrieval first, then the shared continuations (ranked by
+///   count, i.e. by their share of the border's occurrences) fill up to `capacity`, then the
+///   logits tree.
+/// - Scored build: shared continuations enter the same best-first heap with their own smoothed
+///   probabilities (or their cells' calibration).
+///
+/// Paths spelling the same tokens merge (a node keeps the cell of its first source). With no
+/// `shared`, or an empty one, the tree is the one [`build_draft_tree`] builds.
+///
+/// Returns the tree and the shared nodes it used, for `shared.touch` to refresh their LRU
+/// recency (the only change drafting makes to `shared`; a caller holding `shared` behind a
+/// read-write lock applies it under the write lock, after the build released the read lock).
+///
+/// # Errors
+/// As [`build_draft_tree`].
+pub fn build_draft_tree_shared(
+    automaton: &mut Automaton,
+    shared: Option<&Automaton>,
+    table: &LogitsTable,
+    next_token: i32,
+    draft_chain: &[i32],
+    options: &DraftOptions,
+    calibration: Option<&[f32]>,
+) -> Result<(DraftTree, Recency)> {
     check_budget("capacity", options.capacity)?;
     if let Some(c) = calibration {
         check_calibration(c)?;
@@ -86,20 +127,46 @@ pub fn build_draft_tree(
             format!("token {t} is outside 0..{vocab}"),
         ));
     }
+    let shared = shared.filter(|_| options.use_retrieval);
+    let context = shared
+        .map(|_| automaton.recent_tokens())
+        .unwrap_or_default();
+    let next = next_token as u32;
     let mut builder = TreeBuilder::new(next_token);
     builder.insert_path(draft_chain, options.capacity);
     if options.scored {
-        ScoredBuild::new(automaton, table, options, calibration)
-            .run(&mut builder, next_token as u32);
-        return Ok(builder.finish());
+        let shared_used =
+            ScoredBuild::new(automaton, shared, &context, table, options, calibration)
+                .run(&mut builder, next);
+        let recency = shared.map(|s| s.recency(&shared_used)).unwrap_or_default();
+        return Ok((builder.finish(), recency));
     }
+    let mut recency = Recency::default();
     if options.use_retrieval {
-        automaton.retrieve_into(&mut builder, next_token as u32, options.capacity);
+        automaton.retrieve_into(&mut builder, next, options.capacity);
+        if let Some(s) = shared {
+            let used = s.retrieve_after_into(
+                &mut builder,
+                &context,
+                next,
+                options.capacity,
+                Source::Shared,
+            );
+            recency = s.recency(&used);
+        }
     }
     if options.use_logits {
         table.expand_into(&mut builder, options.capacity, options.exempt_depth);
     }
-    Ok(builder.finish())
+    Ok((builder.finish(), recency))
+}
+
+/// Where a scored candidate comes from (the last tie-break, after its trie node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Origin {
+    Logits,
+    Local,
+    Shared,
 }
 
 /// Check a calibration: one acceptance probability in `[0, 1]` per edge cell.
@@ -133,6 +200,7 @@ struct Scored {
     parent: u32,
     /// The trie node it came from, or `u32::MAX` for a copy-logit candidate.
     trie: u32,
+    origin: Origin,
     cell: i32,
 }
 
@@ -145,13 +213,15 @@ impl PartialEq for Scored {
 impl Eq for Scored {}
 
 impl Ord for Scored {
-    /// Higher score first; ties go to the smaller token, parent and trie node (deterministic).
+    /// Higher score first; ties go to the smaller token, parent and trie node, then to the
+    /// request's automaton before the shared one (deterministic).
     fn cmp(&self, other: &Self) -> Ordering {
         self.score
             .total_cmp(&other.score)
             .then(other.token.cmp(&self.token))
             .then(other.parent.cmp(&self.parent))
             .then(other.trie.cmp(&self.trie))
+            .then(other.origin.cmp(&self.origin))
     }
 }
 
@@ -166,33 +236,44 @@ impl PartialOrd for Scored {
 /// maximises the expected number of accepted tokens under the estimates.
 struct ScoredBuild<'a> {
     automaton: &'a mut Automaton,
+    shared: Option<&'a Automaton>,
+    context: &'a [u32],
     table: &'a LogitsTable,
     options: &'a DraftOptions,
     calibration: Option<&'a [f32]>,
     heap: BinaryHeap<Scored>,
     logits_expanded: Vec<bool>,
     used: Vec<u32>,
+    shared_used: Vec<u32>,
+    scratch: Vec<Scored>,
 }
 
 impl<'a> ScoredBuild<'a> {
     fn new(
         automaton: &'a mut Automaton,
+        shared: Option<&'a Automaton>,
+        context: &'a [u32],
         table: &'a LogitsTable,
         options: &'a DraftOptions,
         calibration: Option<&'a [f32]>,
     ) -> Self {
         Self {
             automaton,
+            shared,
+            context,
             table,
             options,
             calibration,
             heap: BinaryHeap::new(),
             logits_expanded: Vec::new(),
             used: Vec::new(),
+            shared_used: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
-    fn run(mut self, builder: &mut TreeBuilder, next: u32) {
+    /// Grow the tree; marks the request automaton's used nodes and returns the shared ones.
+    fn run(mut self, builder: &mut TreeBuilder, next: u32) -> Vec<u32> {
         // Nodes already there (root and draft chain) are certain as far as drafting goes.
         for node in 0..builder.len() as u32 {
             self.push_logits(builder, node, 1.0);
@@ -200,7 +281,13 @@ impl<'a> ScoredBuild<'a> {
         if self.options.use_retrieval {
             for border in self.automaton.borders(next) {
                 self.used.push(border);
-                self.push_trie(border, 0, 1.0);
+                self.push_trie(Origin::Local, border, 0, 1.0);
+            }
+            if let Some(shared) = self.shared {
+                for border in shared.borders_for(self.context, next) {
+                    self.shared_used.push(border);
+                    self.push_trie(Origin::Shared, border, 0, 1.0);
+                }
             }
         }
         while builder.len() < self.options.capacity {
@@ -214,12 +301,17 @@ impl<'a> ScoredBuild<'a> {
                 break;
             };
             self.push_logits(builder, node, c.score);
-            if c.trie != u32::MAX {
-                self.used.push(c.trie);
-                self.push_trie(c.trie, node, c.score);
+            match c.origin {
+                Origin::Logits => {}
+                Origin::Local => self.used.push(c.trie),
+                Origin::Shared => self.shared_used.push(c.trie),
+            }
+            if c.origin != Origin::Logits {
+                self.push_trie(c.origin, c.trie, node, c.score);
             }
         }
         self.automaton.mark_used(&self.used);
+        self.shared_used
     }
 
     fn push_logits(&mut self, builder: &TreeBuilder, node: u32, score: f32) {
@@ -243,24 +335,32 @@ impl<'a> ScoredBuild<'a> {
                 token: t,
                 parent: node,
                 trie: u32::MAX,
+                origin: Origin::Logits,
                 cell,
             });
         }
     }
 
-    fn push_trie(&mut self, trie: u32, parent: u32, score: f32) {
-        let heap = &mut self.heap;
+    fn push_trie(&mut self, origin: Origin, trie: u32, parent: u32, score: f32) {
         let calibration = self.calibration;
-        self.automaton
-            .for_each_continuation(trie, |token, p, child, cell| {
-                heap.push(Scored {
-                    score: score * calibration.map_or(p, |c| c[cell as usize]),
-                    token,
-                    parent,
-                    trie: child,
-                    cell,
-                });
+        let (automaton, source): (&Automaton, Source) = match (origin, self.shared) {
+            (Origin::Shared, Some(shared)) => (shared, Source::Shared),
+            _ => (&*self.automaton, Source::Local),
+        };
+        let scratch = &mut self.scratch;
+        scratch.clear();
+        automaton.for_each_continuation(trie, source, |token, p, child, cell| {
+            scratch.push(Scored {
+                score: score * calibration.map_or(p, |c| c[cell as usize]),
+                token,
+                parent,
+                trie: child,
+                origin,
+                cell,
             });
+        });
+        // Siblings placed under one builder node: at most `capacity - 1` can ever be placed.
+        push_best(&mut self.heap, scratch, self.options.capacity - 1);
     }
 
     /// The edge's acceptance estimate: calibrated by cell when a calibration is given.
@@ -322,6 +422,7 @@ mod tests {
                             "node {i}: {p:?}"
                         );
                     }
+                    EdgeKind::SharedRetrieval => panic!("node {i}: no shared automaton was given"),
                     EdgeKind::Root => panic!("node {i} has no cell"),
                 }
                 kinds.push(kind(cells[i]));
@@ -414,5 +515,149 @@ mod tests {
         )
         .unwrap();
         assert_eq!(chain.tokens(), &[2, 9, 9]);
+    }
+
+    /// Token path from the root to every node of `tree`.
+    fn paths(tree: &DraftTree) -> Vec<Vec<i32>> {
+        let mut out: Vec<Vec<i32>> = Vec::with_capacity(tree.len());
+        for i in 0..tree.len() {
+            let p = tree.parents()[i];
+            let mut path = if p < 0 {
+                vec![]
+            } else {
+                out[p as usize].clone()
+            };
+            path.push(tree.tokens()[i]);
+            out.push(path);
+        }
+        out
+    }
+
+    /// Whether `path` followed a suffix (1..=ngram - 1 tokens, within `ngram` in all) of
+    /// `context` in one of `corpus`'s sequences.
+    fn occurred_after(corpus: &[Vec<i32>], context: &[i32], path: &[i32], ngram: usize) -> bool {
+        (1..=context.len().min(ngram.saturating_sub(path.len()))).any(|k| {
+            let mut s = context[context.len() - k..].to_vec();
+            s.extend_from_slice(path);
+            corpus
+                .iter()
+                .any(|seq| seq.windows(s.len()).any(|w| w == s.as_slice()))
+        })
+    }
+
+    #[test]
+    fn shared_continuations_merge_into_both_builds_with_their_own_cells() {
+        let (mut a, t) = sources();
+        let corpus = vec![vec![4, 1, 2, 6, 7, 8], vec![3, 1, 2, 6, 9]];
+        let mut shared = Automaton::new(6, 1000, 2).unwrap();
+        for seq in &corpus {
+            shared.extend(seq).unwrap();
+            shared.new_sequence();
+        }
+        let context: Vec<i32> = a.recent_tokens().iter().map(|&x| x as i32).collect();
+        for scored in [false, true] {
+            let options = DraftOptions {
+                capacity: 40,
+                scored,
+                ..Default::default()
+            };
+            let (tree, recency) =
+                build_draft_tree_shared(&mut a, Some(&shared), &t, 2, &[], &options, None).unwrap();
+            assert!(!recency.is_empty());
+            let paths = paths(&tree);
+            let mut n_shared = 0;
+            for (path, &cell) in paths.iter().zip(tree.cells()).skip(1) {
+                if kind(cell) == EdgeKind::SharedRetrieval {
+                    assert!(occurred_after(&corpus, &context, path, 6), "{path:?}");
+                    n_shared += 1;
+                }
+            }
+            // "1 2" then 6 (7 8 | 9) appears only in the shared corpus.
+            assert!(n_shared >= 2, "scored: {scored}");
+            assert!(paths.contains(&vec![2, 6, 7, 8]) || scored);
+            let before = shared.to_bytes();
+            shared.touch(&recency);
+            let after = shared.to_bytes();
+            assert_eq!(before.len(), after.len());
+            assert_ne!(before, after); // recency only: same size, same counts
+            shared.check_integrity().unwrap();
+        }
+    }
+
+    #[test]
+    fn an_empty_or_absent_shared_automaton_changes_nothing() {
+        let empty = Automaton::new(6, 1000, 2).unwrap();
+        for scored in [false, true] {
+            let options = DraftOptions {
+                capacity: 30,
+                scored,
+                ..Default::default()
+            };
+            let (mut a, t) = sources();
+            let (mut b, _) = sources();
+            let plain = build_draft_tree(&mut a, &t, 2, &[7], &options, None).unwrap();
+            let (merged, recency) =
+                build_draft_tree_shared(&mut b, Some(&empty), &t, 2, &[7], &options, None).unwrap();
+            assert_eq!(plain, merged);
+            assert!(recency.is_empty());
+            assert_eq!(a.to_bytes(), b.to_bytes());
+        }
+    }
+
+    #[test]
+    fn keeping_only_the_best_children_changes_no_tree() {
+        use crate::automaton::PRUNE;
+        let mut seed = 5u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) as i32
+        };
+        // A wide alphabet: nodes with dozens of children, more than small trees can hold.
+        let stream: Vec<i32> = (0..4000).map(|_| next() % 60).collect();
+        let mut local = Automaton::new(4, 100_000, 1).unwrap();
+        local.extend(&stream[..2000]).unwrap();
+        let mut shared = Automaton::new(5, 3000, 2).unwrap();
+        shared.extend(&stream[2000..]).unwrap();
+        shared.new_sequence();
+        let (_, t) = sources();
+        let mut t60 = LogitsTable::new(60, 3).unwrap();
+        let rows: Vec<i32> = (0..60).collect();
+        let ids: Vec<i32> = (0..180).map(|i| (i * 7 + 1) % 60).collect();
+        t60.update(&rows, &ids, 3).unwrap();
+        drop(t);
+        for capacity in [1, 2, 3, 5, 8, 13, 40] {
+            for scored in [false, true] {
+                for with_shared in [false, true] {
+                    let options = DraftOptions {
+                        capacity,
+                        scored,
+                        ..Default::default()
+                    };
+                    let root = next() % 60;
+                    let shared = with_shared.then_some(&shared);
+                    let run = |prune: bool| {
+                        PRUNE.with(|p| p.set(prune));
+                        let mut a = local.clone();
+                        let (tree, recency) = build_draft_tree_shared(
+                            &mut a,
+                            shared,
+                            &t60,
+                            root,
+                            &[],
+                            &options,
+                            None,
+                        )
+                        .unwrap();
+                        let retrieved = a.retrieve(root, capacity).unwrap();
+                        (tree, recency, retrieved, a.to_bytes())
+                    };
+                    let (pruned, full) = (run(true), run(false));
+                    PRUNE.with(|p| p.set(true));
+                    assert_eq!(pruned, full, "capacity {capacity}, scored {scored}");
+                }
+            }
+        }
     }
 }

@@ -11,8 +11,13 @@
 //! - chain edges (a draft model's or prompt lookup's chain), by depth 1..=8;
 //! - copy-logit edges with a stored probability, by that probability in tenths;
 //! - copy-logit edges without probabilities, by rank 0..=7 in the parent's row;
-//! - retrieval edges, by the length of the matched context string (1..=8) and the continuation's
-//!   share of the string's occurrences (fifths).
+//! - retrieval edges from the request's own automaton, by the length of the matched context
+//!   string (1..=8) and the continuation's share of the string's occurrences (fifths);
+//! - shared-retrieval edges, from an automaton shared across requests (past responses, a
+//!   corpus), by the same match length and share: a continuation seen in other requests may be
+//!   more or less reliable than one seen in this request, so calibration learns them apart.
+//!
+//! New blocks are appended, so the offsets of the older ones never move.
 #![forbid(unsafe_code)]
 
 const DEPTH_BUCKETS: usize = 8;
@@ -25,9 +30,10 @@ const CHAIN: usize = 0;
 const LOGITS_PROB: usize = CHAIN + DEPTH_BUCKETS;
 const LOGITS_RANK: usize = LOGITS_PROB + PROB_BUCKETS;
 const RETRIEVAL: usize = LOGITS_RANK + RANK_BUCKETS;
+const SHARED_RETRIEVAL: usize = RETRIEVAL + MATCH_BUCKETS * SHARE_BUCKETS;
 
 /// Number of edge cells.
-pub const EDGE_CELLS: usize = RETRIEVAL + MATCH_BUCKETS * SHARE_BUCKETS;
+pub const EDGE_CELLS: usize = SHARED_RETRIEVAL + MATCH_BUCKETS * SHARE_BUCKETS;
 /// The cell of the root, which has no edge.
 pub const NO_CELL: i32 = -1;
 
@@ -67,8 +73,21 @@ pub fn logits(rank: usize, prob: Option<f32>) -> i32 {
 /// followed `share` of its occurrences.
 #[must_use]
 pub fn retrieval(match_len: usize, share: f32) -> i32 {
+    cell(RETRIEVAL + match_share(match_len, share))
+}
+
+/// Cell of a shared-retrieval edge (a continuation found in the automaton shared across
+/// requests) continuing a matched string of `match_len` tokens with a token that followed
+/// `share` of its occurrences there.
+#[must_use]
+pub fn shared_retrieval(match_len: usize, share: f32) -> i32 {
+    cell(SHARED_RETRIEVAL + match_share(match_len, share))
+}
+
+/// Offset of `(match_len, share)` inside a retrieval block.
+fn match_share(match_len: usize, share: f32) -> usize {
     let m = match_len.clamp(1, MATCH_BUCKETS) - 1;
-    cell(RETRIEVAL + m * SHARE_BUCKETS + bucket(share, SHARE_BUCKETS))
+    m * SHARE_BUCKETS + bucket(share, SHARE_BUCKETS)
 }
 
 /// The kind of edge a cell describes.
@@ -80,8 +99,10 @@ pub enum EdgeKind {
     Chain,
     /// A copy-logit table entry.
     Logits,
-    /// An automaton continuation.
+    /// A continuation from the request's own automaton.
     Retrieval,
+    /// A continuation from the automaton shared across requests.
+    SharedRetrieval,
 }
 
 /// The kind of edge `cell` describes.
@@ -91,13 +112,14 @@ pub fn kind(cell: i32) -> EdgeKind {
         Err(_) => EdgeKind::Root,
         Ok(c) if c < LOGITS_PROB => EdgeKind::Chain,
         Ok(c) if c < RETRIEVAL => EdgeKind::Logits,
-        Ok(_) => EdgeKind::Retrieval,
+        Ok(c) if c < SHARED_RETRIEVAL => EdgeKind::Retrieval,
+        Ok(_) => EdgeKind::SharedRetrieval,
     }
 }
 
 /// A prior acceptance probability per cell: the raw estimate the cell stands for (a bucket's
-/// midpoint, `2^-(rank + 1)` for ranks so that siblings sum below 1, 0.5 for chains), used
-/// before any outcome is seen.
+/// midpoint, `2^-(rank + 1)` for ranks so that siblings sum below 1, 0.5 for chains; both
+/// retrieval blocks by their share's midpoint), used before any outcome is seen.
 #[must_use]
 #[allow(clippy::cast_precision_loss)]
 pub fn priors() -> Vec<f32> {
@@ -108,9 +130,11 @@ pub fn priors() -> Vec<f32> {
     for r in 0..RANK_BUCKETS {
         p[LOGITS_RANK + r] = 0.5f32.powi(r as i32 + 1);
     }
-    for m in 0..MATCH_BUCKETS {
-        for s in 0..SHARE_BUCKETS {
-            p[RETRIEVAL + m * SHARE_BUCKETS + s] = (s as f32 + 0.5) / SHARE_BUCKETS as f32;
+    for block in [RETRIEVAL, SHARED_RETRIEVAL] {
+        for m in 0..MATCH_BUCKETS {
+            for s in 0..SHARE_BUCKETS {
+                p[block + m * SHARE_BUCKETS + s] = (s as f32 + 0.5) / SHARE_BUCKETS as f32;
+            }
         }
     }
     p
@@ -154,15 +178,42 @@ mod tests {
         for m in 1..=8 {
             all.extend((0..5).map(|s| retrieval(m, (s as f32 + 0.5) / 5.0)));
         }
+        for m in 1..=8 {
+            all.extend((0..5).map(|s| shared_retrieval(m, (s as f32 + 0.5) / 5.0)));
+        }
         let mut sorted = all.clone();
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), EDGE_CELLS);
+        assert_eq!(EDGE_CELLS, 106);
         assert_eq!(all.iter().copied().max(), Some(EDGE_CELLS as i32 - 1));
         assert_eq!(priors().len(), EDGE_CELLS);
         assert_eq!(chain(30), chain(8));
         assert_eq!(logits(0, Some(1.0)), logits(0, Some(0.95)));
         assert_eq!(retrieval(0, 0.0), retrieval(1, 0.1));
+        assert_eq!(shared_retrieval(0, 0.0), shared_retrieval(1, 0.1));
+        assert_eq!(shared_retrieval(30, 1.0), EDGE_CELLS as i32 - 1);
+    }
+
+    #[test]
+    fn the_shared_block_follows_the_older_ones_and_mirrors_retrieval() {
+        // The older blocks keep their offsets (66 cells before the shared block).
+        assert_eq!(retrieval(8, 1.0), 65);
+        assert_eq!(shared_retrieval(1, 0.0), 66);
+        let p = priors();
+        for m in 1..=8 {
+            for s in 0..5 {
+                let share = (s as f32 + 0.5) / 5.0;
+                let (local, shared) = (retrieval(m, share), shared_retrieval(m, share));
+                assert_eq!(kind(local), EdgeKind::Retrieval);
+                assert_eq!(kind(shared), EdgeKind::SharedRetrieval);
+                assert_eq!(shared - local, 40);
+                assert_eq!(p[shared as usize], p[local as usize]);
+            }
+        }
+        assert_eq!(kind(NO_CELL), EdgeKind::Root);
+        assert_eq!(kind(chain(1)), EdgeKind::Chain);
+        assert_eq!(kind(logits(7, None)), EdgeKind::Logits);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! RACER speculative decoding. Everything outside `bindings` is plain Rust with no pyo3.
 
 pub mod automaton;
+mod crc32;
 pub mod draft;
 pub mod edge_cells;
 pub mod error;
@@ -14,7 +15,7 @@ pub mod tree;
 mod bindings;
 
 pub use automaton::Automaton;
-pub use draft::{DraftOptions, build_draft_tree};
+pub use draft::{DraftOptions, build_draft_tree, build_draft_tree_shared};
 pub use error::{Error, Result};
 pub use logits_table::LogitsTable;
 pub use lookup::prompt_lookup;

@@ -29,7 +29,13 @@ class ReferenceIndex:
     def continuations(self, next_token: int) -> set[tuple[int, ...]]:
         """Every token path P (starting with next_token) such that s + P occurred in one
         sequence for a suffix s of the current sequence with a border deep enough."""
-        current = self.sequences[-1]
+        return self.continuations_after(self.sequences[-1], next_token)
+
+    def continuations_after(self, context: Sequence[int], next_token: int) -> set[tuple[int, ...]]:
+        """Every token path P (starting with next_token) such that s + P occurred in one
+        sequence for a suffix s of ``context`` (any tokens, e.g. another request's) with a
+        border deep enough."""
+        current = [int(t) for t in context]
         found: set[tuple[int, ...]] = set()
         for slen in range(self.min_depth - 1, min(len(current), self.ngram - 1) + 1):
             s = current[len(current) - slen :] if slen else []

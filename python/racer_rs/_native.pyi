@@ -1,6 +1,7 @@
 """Type stubs for the Rust extension ``racer_rs._native`` (hand-written, checked by stubtest)."""
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from typing import final
 
 import numpy as np
@@ -8,9 +9,12 @@ import numpy.typing as npt
 
 __version__: str
 EDGE_CELLS: int
-"""Number of edge cells: the kinds of draft-tree edge acceptance is calibrated by (chain edges
-by depth, copy-logit edges by stored probability or rank, retrieval edges by matched length and
-continuation share)."""
+"""Number of edge cells (106): the kinds of draft-tree edge acceptance is calibrated by. In order:
+chain edges by depth (cells 0-7), copy-logit edges by stored probability in tenths (8-17) or by
+rank (18-25), retrieval edges from the request's automaton by matched length 1-8 and
+continuation share in fifths (26-65), and the same 40 for retrieval from a shared automaton
+(``build_draft_tree(..., shared=...)``, cells 66-105), so calibration learns how reliable
+cross-request continuations are."""
 
 __all__ = [
     "EDGE_CELLS",
@@ -140,17 +144,102 @@ class Automaton:
     def count(self, pattern: _TokenArray) -> int:
         """Occurrences of ``pattern`` (1 <= len <= ngram) in the context (never above the truth)."""
 
-    def retrieve(self, next_token: int, budget: int) -> DraftTree:
+    def retrieve(self, next_token: int, budget: int, context: _TokenArray | None = None) -> DraftTree:
         """The retrieval tree rooted at ``next_token`` with at most ``budget`` nodes (root included).
 
         Borders are the nodes for ``s + [next_token]`` (``s`` a context suffix, depth >=
         ``min_depth``); continuations from their subtrees are ranked by count (higher first),
-        then shallower, then smaller token id. ``budget`` must be in ``1..=2**20``.
+        then shallower, then smaller token id.
+
+        Args:
+            next_token: the root's token (the token the target produced last).
+            budget: maximum nodes, root included, in ``1..=2**20``.
+            context: match this context instead of the automaton's own (its suffixes of at
+                most ``ngram - 1`` tokens); the match state is neither used nor changed, so a
+                shared automaton can answer for any request. Only LRU recency is updated.
+
+        Returns:
+            The tree; every non-root node has a retrieval edge cell.
+
+        Raises:
+            ValueError: if a token is negative or ``budget`` is out of range.
+            TypeError: if ``context`` is not a sequence of ints or an integer array.
         """
 
     def memory_bytes(self) -> int: ...
     def check_integrity(self) -> None:
         """Raise ``StateError`` (a ``RuntimeError``) if an internal invariant is broken (slow; for tests)."""
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the automaton to ``path`` atomically.
+
+        The image (see ``to_bytes``) goes to a temporary file in the same folder, is synced to
+        disk and renamed over ``path``; on failure the temporary file is removed and an
+        existing ``path`` is left as it was. Other threads may keep using the automaton.
+
+        Args:
+            path: the file to write (replaced if it exists).
+
+        Raises:
+            OSError: the subclass for the failure (``FileNotFoundError`` for a missing folder,
+                ``PermissionError``, ``IsADirectoryError``, ...), with ``filename`` set.
+            ValueError: if ``path`` names no file (e.g. ends with ``..``).
+            TypeError: if ``path`` is not a str or ``os.PathLike``.
+        """
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Automaton:
+        """Read an automaton written by ``save``.
+
+        The loaded automaton behaves exactly as the saved one: same counts, retrievals and
+        draft trees, and the same evictions as further tokens arrive. The file is checked in
+        full (length, checksum, every field, then the automaton's invariants) before use.
+
+        Args:
+            path: a file written by ``save``.
+
+        Returns:
+            The automaton.
+
+        Raises:
+            racer_rs.errors.CorruptFileError: (a ``ValueError``) if the file is empty,
+                truncated, damaged, not an automaton image, or of another format version; the
+                message names the file and what is wrong.
+            OSError: the subclass for a file that cannot be read (``FileNotFoundError``,
+                ``PermissionError``, ``IsADirectoryError``, ...).
+            TypeError: if ``path`` is not a str or ``os.PathLike``.
+        """
+
+    def to_bytes(self) -> bytes:
+        """The automaton's image, as ``save`` writes it.
+
+        Format version 1: magic ``b"RACERIDX"``, the version, the configuration (``ngram``,
+        ``min_depth``, ``capacity``), the clock, the recent tokens, the free slots and the
+        live trie nodes (token, parent, failure link, count, last use, depth), then a CRC-32
+        (as ``zlib.crc32`` computes it) of everything before it.
+
+        Returns:
+            The image; ``Automaton.from_bytes`` reads it back.
+        """
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray) -> Automaton:
+        """Rebuild an automaton from ``to_bytes`` output (checked as ``load`` checks a file).
+
+        Args:
+            data: an image from ``to_bytes``.
+
+        Returns:
+            The automaton.
+
+        Raises:
+            racer_rs.errors.CorruptFileError: (a ``ValueError``) if ``data`` is not an intact
+                image of a format version this build reads; the message starts with ``data``.
+            TypeError: if ``data`` is not bytes or a bytearray.
+        """
+
+    def __reduce__(self) -> tuple[Callable[[bytes], Automaton], tuple[bytes]]:
+        """Pickle support: ``(Automaton.from_bytes, (self.to_bytes(),))``."""
 
 @final
 class LogitsTable:
@@ -204,6 +293,7 @@ def build_draft_tree(
     scored: bool = False,
     min_score: float = 0.0,
     calibration: _Calibration | None = None,
+    shared: Automaton | None = None,
 ) -> DraftTree:
     """RACER's draft tree: ``draft_chain`` (if any) first, then retrieval paths, then the logits
     tree fills what is left. The budget is charged after merging, so the tree has exactly
@@ -215,6 +305,37 @@ def build_draft_tree(
     ``[0, 1]`` then leaves out nodes whose estimate is below it (the tree grows only while a
     node is likely enough to pay for its verification). ``calibration`` (``EDGE_CELLS``
     probabilities in ``[0, 1]``, one per edge cell) replaces those raw edge estimates.
+
+    Args:
+        automaton: the request's own automaton (its match state is the context).
+        table: the copy-logit table.
+        next_token: the root's token, in ``0..table.vocab_size``.
+        capacity: maximum nodes, root included, in ``1..=2**20``.
+        use_retrieval: add retrieval paths (from ``automaton`` and ``shared``).
+        use_logits: fill with the copy-logit tree.
+        draft_chain: tokens placed first as a chain below the root.
+        exempt_depth: depths whose breadth the halving logits tree does not halve.
+        scored: grow best first by estimated path probability instead of halving.
+        min_score: scored trees only: leave out nodes estimated below this.
+        calibration: per-cell acceptance probabilities for the scored build.
+        shared: a second automaton read by every request: past responses
+            (``shared.extend(response); shared.new_sequence()``) or a corpus
+            (``Automaton.load``). Its borders are found for this request's context (the
+            ``automaton``'s last ``ngram`` tokens), so it keeps no per-request state and is
+            only read: never extended, only the LRU recency of the nodes used is refreshed.
+            Its edges get the shared-retrieval cells. In the halving build its continuations
+            (ranked by count) come after the request's retrieval, before the logits tree; in
+            the scored build they compete in the same best-first order. Paths spelling the
+            same tokens merge. Empty, it changes nothing. Safe while other threads draft
+            from it or extend it.
+
+    Returns:
+        The tree.
+
+    Raises:
+        ValueError: if a size or token is out of range, ``calibration`` is malformed, or
+            ``shared`` is ``automaton`` itself.
+        TypeError: if an argument has the wrong type.
     """
 
 def edge_cell_priors() -> npt.NDArray[np.float32]:

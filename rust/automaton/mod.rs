@@ -9,10 +9,22 @@
 //!   evicted, which keeps both closures, so links stay correct with no rebuild pass;
 //! - the match state is the node of the longest context suffix (length <= ngram); its failure
 //!   chain enumerates every shorter suffix, which is where `extend` counts and `retrieve` looks.
+//!
+//! An automaton can also serve as an index shared by many requests (past responses, a corpus):
+//! `borders_for` finds the borders for any request's context without a match state, a build
+//! only reads it, and the recency of what it used is applied afterwards (`Recency`, `touch`).
+//! `save`/`load` and `to_bytes`/`from_bytes` persist it (`persist` documents the format).
 #![forbid(unsafe_code)]
 
 mod integrity;
+mod persist;
 mod retrieve;
+
+pub use persist::{FORMAT_VERSION, MAGIC, write_atomic};
+#[cfg(test)]
+pub(crate) use retrieve::PRUNE;
+pub(crate) use retrieve::push_best;
+pub use retrieve::{Recency, Source};
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -91,6 +103,9 @@ pub struct Automaton {
     recent: VecDeque<u32>,
     /// Nodes that the running `extend` step still needs; never evicted.
     pinned: Vec<u32>,
+    /// Bumped by `clear`, which recycles every slot with generation 0: a `Recency` taken before
+    /// is then ignored.
+    epoch: u32,
     chain: Vec<u32>,
 }
 
@@ -158,6 +173,7 @@ impl Automaton {
             recent: VecDeque::with_capacity(ngram + 1),
             pinned: Vec::with_capacity(2 * ngram + 2),
             chain: Vec::with_capacity(ngram + 1),
+            epoch: 0,
         })
     }
 
@@ -423,6 +439,7 @@ impl Automaton {
         self.free.clear();
         self.lru.clear();
         self.live = 0;
+        self.epoch = self.epoch.wrapping_add(1);
         self.new_sequence();
     }
 

@@ -1,4 +1,9 @@
 //! Retrieval: the draft tree of continuations that followed `context suffix + next_token`.
+//!
+//! The context is either the automaton's own (its match state, for the request it indexes) or
+//! given explicitly (`borders_for`, for an automaton shared by many requests, which cannot keep
+//! one match state: each request passes its own recent tokens, and the shared automaton is only
+//! read, apart from the LRU recency of what was used, applied later through a [`Recency`]).
 #![forbid(unsafe_code)]
 
 use std::cmp::Ordering;
@@ -19,6 +24,47 @@ struct Candidate {
     node: u32,
     /// Edge cell (the matched string's length and the continuation's share).
     cell: i32,
+}
+
+/// Which automaton a retrieval edge comes from; it selects the edge's block of cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The request's own automaton.
+    Local,
+    /// An automaton shared across requests.
+    Shared,
+}
+
+impl Source {
+    fn cell(self, match_len: usize, share: f32) -> i32 {
+        match self {
+            Self::Local => edge_cells::retrieval(match_len, share),
+            Self::Shared => edge_cells::shared_retrieval(match_len, share),
+        }
+    }
+}
+
+/// Nodes of one automaton a read-only build used, for [`Automaton::touch`] to refresh their
+/// LRU recency afterwards (under a write lock, once the readers' lock is gone). Each node is
+/// held with its generation, so a node evicted and recycled in between is left alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recency {
+    nodes: Vec<(u32, u32)>,
+    epoch: u32,
+}
+
+impl Recency {
+    /// True when nothing was used.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Number of node uses recorded.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
 }
 
 impl Ord for Candidate {
@@ -48,24 +94,67 @@ impl Automaton {
     /// # Errors
     /// `InvalidArgument` if `next_token` is negative or `budget` outside `1..=MAX_TREE_NODES`.
     pub fn retrieve(&mut self, next_token: i32, budget: usize) -> Result<DraftTree> {
-        if next_token < 0 {
-            return Err(invalid(
-                "next_token",
-                format!("token ids must be >= 0, got {next_token}"),
-            ));
-        }
+        check_token("next_token", next_token)?;
         check_budget("budget", budget)?;
         let mut builder = TreeBuilder::new(next_token);
         self.retrieve_into(&mut builder, next_token as u32, budget);
         Ok(builder.finish())
     }
 
+    /// [`Automaton::retrieve`] for an explicit `context` instead of the automaton's own: the
+    /// borders are the nodes for `s + [next_token]` with `s` a suffix of `context` (at most
+    /// `ngram - 1` tokens). Read-only, so a shared automaton can answer any request while others
+    /// read it too: the match state is neither read nor changed, and the LRU recency of the
+    /// nodes used comes back as a [`Recency`] for [`Automaton::touch`].
+    ///
+    /// # Errors
+    /// `InvalidArgument` if a token is negative or `budget` is outside `1..=MAX_TREE_NODES`.
+    pub fn retrieve_after(
+        &self,
+        context: &[i32],
+        next_token: i32,
+        budget: usize,
+    ) -> Result<(DraftTree, Recency)> {
+        check_token("next_token", next_token)?;
+        check_budget("budget", budget)?;
+        if let Some(&t) = context.iter().find(|&&t| t < 0) {
+            check_token("context", t)?;
+        }
+        let context: Vec<u32> = context.iter().map(|&t| t as u32).collect();
+        let mut builder = TreeBuilder::new(next_token);
+        let used = self.retrieve_after_into(
+            &mut builder,
+            &context,
+            next_token as u32,
+            budget,
+            Source::Local,
+        );
+        Ok((builder.finish(), self.recency(&used)))
+    }
+
     /// The borders: nodes for `s + [next]` with `s` a context suffix (found on the failure chain
     /// of the state) and depth >= `min_depth`, longest first.
     pub(crate) fn borders(&mut self, next: u32) -> Vec<u32> {
         self.ensure_state();
+        self.borders_from(self.state, next)
+    }
+
+    /// The borders for an explicit context: nodes for `s + [next]` with `s` a suffix of
+    /// `context` and depth >= `min_depth`, longest first. Stateless: the longest suffix of
+    /// `context` with a node is found from the root (at most `ngram - 1` tokens are used, as
+    /// a longer string cannot be continued), and its failure chain lists every shorter one.
+    /// For the automaton's own recent tokens this is exactly [`Automaton::borders`].
+    pub(crate) fn borders_for(&self, context: &[u32], next: u32) -> Vec<u32> {
+        let tail = &context[context.len().saturating_sub(self.ngram - 1)..];
+        let deepest = (0..tail.len())
+            .find_map(|start| self.find(&tail[start..]))
+            .unwrap_or(ROOT);
+        self.borders_from(deepest, next)
+    }
+
+    fn borders_from(&self, deepest: u32, next: u32) -> Vec<u32> {
         let mut borders = Vec::new();
-        let mut u = self.state;
+        let mut u = deepest;
         loop {
             if let Some(&v) = self.goto.get(&key(u, next)) {
                 if self.nodes[v as usize].depth as usize >= self.min_depth {
@@ -90,10 +179,42 @@ impl Automaton {
         let Some(&border) = borders.last() else {
             return;
         };
-        self.tick += 1;
+        let used = self.collect_into(builder, border, budget, Source::Local);
+        self.mark_used(&used);
+    }
+
+    /// [`Automaton::retrieve_into`] for an explicit `context` (see [`Automaton::borders_for`]),
+    /// read-only: returns the nodes used, for [`Automaton::mark_used`] or a [`Recency`]. Edges
+    /// get the cells of `source`. Continuations are ranked by count, that is by their share of
+    /// the border's occurrences.
+    pub(crate) fn retrieve_after_into(
+        &self,
+        builder: &mut TreeBuilder,
+        context: &[u32],
+        next: u32,
+        budget: usize,
+        source: Source,
+    ) -> Vec<u32> {
+        match self.borders_for(context, next).last() {
+            Some(&border) => self.collect_into(builder, border, budget, source),
+            None => Vec::new(),
+        }
+    }
+
+    /// Place the continuations below `border` best first until the builder holds `budget`
+    /// nodes; returns the trie nodes used (the border first).
+    fn collect_into(
+        &self,
+        builder: &mut TreeBuilder,
+        border: u32,
+        budget: usize,
+        source: Source,
+    ) -> Vec<u32> {
         let mut used = vec![border];
         let mut heap = BinaryHeap::new();
-        self.push_children(&mut heap, border, 0, 1);
+        let mut scratch = Vec::new();
+        let keep = budget - 1;
+        self.push_children(&mut heap, &mut scratch, border, 0, 1, source, keep);
         while builder.len() < budget {
             let Some(c) = heap.pop() else { break };
             let Some((placed, _)) =
@@ -102,47 +223,97 @@ impl Automaton {
                 break;
             };
             used.push(c.node);
-            self.push_children(&mut heap, c.node, placed, c.rel_depth + 1);
+            self.push_children(
+                &mut heap,
+                &mut scratch,
+                c.node,
+                placed,
+                c.rel_depth + 1,
+                source,
+                keep,
+            );
         }
-        for v in used {
-            self.nodes[v as usize].tick = self.tick;
-            self.push_if_evictable(v);
-        }
+        used
     }
 
+    /// Push the children of trie node `node` (placed as builder node `parent`) as candidates;
+    /// only the best `keep` of them, as no more can ever be placed (see [`push_best`]).
+    #[allow(clippy::too_many_arguments)]
     fn push_children(
         &self,
         heap: &mut BinaryHeap<Candidate>,
+        scratch: &mut Vec<Candidate>,
         node: u32,
         parent: u32,
         rel_depth: u32,
+        source: Source,
+        keep: usize,
     ) {
         let (total, depth) = (
             self.nodes[node as usize].count,
             self.nodes[node as usize].depth,
         );
+        scratch.clear();
         let mut c = self.nodes[node as usize].first_child;
         while c != NIL {
             let n = &self.nodes[c as usize];
-            heap.push(Candidate {
+            scratch.push(Candidate {
                 count: n.count,
                 rel_depth,
                 token: n.token,
                 parent,
                 node: c,
-                cell: edge_cells::retrieval(depth as usize, share(n.count, total)),
+                cell: source.cell(depth as usize, share(n.count, total)),
             });
             c = n.next_sibling;
         }
+        push_best(heap, scratch, keep);
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests switch the pruning of `push_best` off to check that it changes nothing.
+    pub(crate) static PRUNE: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// Push the `keep` greatest of `candidates` onto `heap` (all of them if there are fewer).
+///
+/// Used for the children of one placed node, which share their builder parent and carry
+/// distinct tokens: each one placed becomes (or merges into) a distinct child of that parent,
+/// and a tree of `capacity` nodes gives a node at most `capacity - 1` children; the heap pops
+/// siblings in their own order, so with `keep = capacity - 1` the ones left out could never have
+/// been placed. The tree is the same as with every child pushed, for far less heap work below
+/// nodes with thousands of children (a large shared index).
+pub(crate) fn push_best<T: Ord>(heap: &mut BinaryHeap<T>, candidates: &mut Vec<T>, keep: usize) {
+    #[cfg(test)]
+    if !PRUNE.with(std::cell::Cell::get) {
+        heap.extend(candidates.drain(..));
+        return;
+    }
+    if keep == 0 {
+        candidates.clear();
+        return;
+    }
+    if candidates.len() > keep {
+        candidates.select_nth_unstable_by(keep - 1, |a, b| b.cmp(a));
+        candidates.truncate(keep);
+    }
+    heap.extend(candidates.drain(..));
 }
 
 /// Hooks for the probability-scored tree builder (`crate::draft`).
 impl Automaton {
     /// Calls `f(token, probability, child, cell)` for every child of trie node `node`, where the
     /// probability is the add-one smoothed estimate `count(child) / (count(node) + 1)` that
-    /// the child's token follows the node's string, and `cell` the edge's cell.
-    pub(crate) fn for_each_continuation(&self, node: u32, mut f: impl FnMut(i32, f32, u32, i32)) {
+    /// the child's token follows the node's string, and `cell` the edge's cell in the block of
+    /// `source`.
+    pub(crate) fn for_each_continuation(
+        &self,
+        node: u32,
+        source: Source,
+        mut f: impl FnMut(i32, f32, u32, i32),
+    ) {
         let (total, depth) = (
             self.nodes[node as usize].count,
             self.nodes[node as usize].depth,
@@ -152,7 +323,7 @@ impl Automaton {
             let n = &self.nodes[c as usize];
             #[allow(clippy::cast_precision_loss)]
             let smoothed = n.count as f32 / (total as f32 + 1.0);
-            let cell = edge_cells::retrieval(depth as usize, share(n.count, total));
+            let cell = source.cell(depth as usize, share(n.count, total));
             f(n.token as i32, smoothed, c, cell);
             c = n.next_sibling;
         }
@@ -168,6 +339,52 @@ impl Automaton {
             }
         }
     }
+
+    /// A [`Recency`] holding `nodes` (just used by a read-only build) with their generations.
+    pub(crate) fn recency(&self, nodes: &[u32]) -> Recency {
+        Recency {
+            nodes: nodes
+                .iter()
+                .map(|&v| (v, self.nodes[v as usize].generation))
+                .collect(),
+            epoch: self.epoch,
+        }
+    }
+
+    /// Record the uses in `recency` (from a read-only build on this automaton) as happening
+    /// now, as [`Automaton::retrieve`] does for its own uses. Nodes evicted since are skipped
+    /// (a recycled slot has another generation, and `clear` voids every earlier `Recency`), so
+    /// applying it late, after other writers, is safe; one from another automaton is harmless
+    /// but meaningless (it only reorders LRU recency).
+    pub fn touch(&mut self, recency: &Recency) {
+        if recency.nodes.is_empty() || recency.epoch != self.epoch {
+            return;
+        }
+        self.tick += 1;
+        for &(v, generation) in &recency.nodes {
+            let Some(n) = self.nodes.get_mut(v as usize) else {
+                continue;
+            };
+            if n.alive && n.generation == generation {
+                n.tick = self.tick;
+                self.push_if_evictable(v);
+            }
+        }
+    }
+
+    /// The last `ngram` tokens of the current sequence (the match state spells them), oldest
+    /// first: the context a shared automaton is asked about.
+    #[must_use]
+    pub fn recent_tokens(&self) -> Vec<u32> {
+        self.recent.iter().copied().collect()
+    }
+}
+
+fn check_token(arg: &'static str, token: i32) -> Result<()> {
+    if token < 0 {
+        return Err(invalid(arg, format!("token ids must be >= 0, got {token}")));
+    }
+    Ok(())
 }
 
 /// The share of a string's occurrences that a continuation followed.

@@ -92,3 +92,287 @@ fn rejects_bad_arguments() {
     assert!(a.count(&[1, 2, 3, 4]).is_err());
     assert!(a.retrieve(1, 0).is_err());
 }
+
+/// A stream with repeats, several sequences and, under a small budget, many evictions.
+fn workload(seed: u64, len: usize, alphabet: u32) -> Vec<Vec<i32>> {
+    let mut seed = seed;
+    let mut seqs = vec![vec![]];
+    for _ in 0..len {
+        let r = lcg(&mut seed);
+        if r % 97 == 0 {
+            seqs.push(vec![]);
+        }
+        seqs.last_mut().unwrap().push((r % alphabet) as i32);
+    }
+    seqs
+}
+
+fn feed(a: &mut Automaton, seqs: &[Vec<i32>]) {
+    for (i, s) in seqs.iter().enumerate() {
+        if i > 0 {
+            a.new_sequence();
+        }
+        for chunk in s.chunks(5) {
+            a.extend(chunk).unwrap();
+        }
+    }
+}
+
+#[test]
+fn images_round_trip_byte_for_byte_and_behave_the_same_afterwards() {
+    for (seed, ngram, capacity) in [(1, 4, 10), (2, 5, 40), (3, 3, 1000), (4, 6, 21), (5, 2, 3)] {
+        let mut a = Automaton::new(ngram, capacity, 2.min(ngram)).unwrap();
+        feed(&mut a, &workload(seed, 600, 5));
+        let mut b = Automaton::from_bytes(&a.to_bytes()).unwrap();
+        b.check_integrity().unwrap();
+        assert_eq!(b.to_bytes(), a.to_bytes());
+        assert_eq!((b.len(), b.match_length()), (a.len(), a.match_length()));
+        // Identical images after every further step: same counts, same recency, same slots, so
+        // the same nodes were evicted in the same order.
+        let mut s = seed + 100;
+        for step in 0..300 {
+            let t = (lcg(&mut s) % 5) as i32;
+            a.extend(&[t]).unwrap();
+            b.extend(&[t]).unwrap();
+            let next = (lcg(&mut s) % 5) as i32;
+            assert_eq!(a.retrieve(next, 12).unwrap(), b.retrieve(next, 12).unwrap());
+            if step % 50 == 49 {
+                a.new_sequence();
+                b.new_sequence();
+            }
+            assert_eq!(a.to_bytes(), b.to_bytes(), "step {step}");
+        }
+        for p in [[0, 1], [1, 1], [2, 3]] {
+            assert_eq!(a.count(&p).unwrap(), b.count(&p).unwrap());
+        }
+        b.check_integrity().unwrap();
+    }
+}
+
+#[test]
+fn empty_and_cleared_automata_round_trip() {
+    let a = Automaton::new(3, 6, 1).unwrap();
+    let b = Automaton::from_bytes(&a.to_bytes()).unwrap();
+    assert_eq!(b.to_bytes(), a.to_bytes());
+    assert_eq!((b.ngram(), b.capacity(), b.min_depth()), (3, 6, 1));
+    let mut c = Automaton::new(3, 6, 1).unwrap();
+    c.extend(&[1, 2, 3, 4, 5]).unwrap();
+    c.clear();
+    assert_eq!(
+        Automaton::from_bytes(&c.to_bytes()).unwrap().to_bytes(),
+        c.to_bytes()
+    );
+}
+
+fn corrupt_message(data: &[u8]) -> String {
+    match Automaton::from_bytes(data) {
+        Err(Error::CorruptFile { source_name, msg }) => {
+            assert_eq!(source_name, "data");
+            msg
+        }
+        Err(e) => panic!("expected CorruptFile, got {e:?}"),
+        Ok(_) => panic!("a damaged image loaded"),
+    }
+}
+
+#[test]
+fn every_truncation_and_every_flipped_byte_is_reported() {
+    let mut a = Automaton::new(4, 12, 2).unwrap();
+    feed(&mut a, &workload(9, 200, 4));
+    let image = a.to_bytes();
+    for cut in 0..image.len() {
+        corrupt_message(&image[..cut]);
+    }
+    let mut longer = image.clone();
+    longer.push(0);
+    assert!(corrupt_message(&longer).contains("trailing"));
+    for i in 0..image.len() {
+        for flip in [0x01u8, 0x80, 0xFF] {
+            let mut d = image.clone();
+            d[i] ^= flip;
+            corrupt_message(&d);
+        }
+    }
+    assert!(corrupt_message(&[]).contains("empty"));
+    assert!(corrupt_message(&vec![0; image.len()]).contains("not an automaton image"));
+    assert!(corrupt_message(b"RACER").contains("truncated"));
+    let mut future = image.clone();
+    future[8..12].copy_from_slice(&2u32.to_le_bytes());
+    assert!(corrupt_message(&future).contains("version 2"));
+    assert!(corrupt_message(&image[..image.len() - 1]).contains("truncated"));
+}
+
+/// Re-seal an edited image with a valid checksum (a buggy writer rather than a damaged file).
+fn reseal(mut d: Vec<u8>) -> Vec<u8> {
+    let n = d.len() - 4;
+    let c = crate::crc32::crc32(&d[..n]);
+    d[n..].copy_from_slice(&c.to_le_bytes());
+    d
+}
+
+#[test]
+fn images_with_a_valid_checksum_but_bad_contents_are_rejected_or_sound() {
+    let mut a = Automaton::new(4, 16, 2).unwrap();
+    feed(&mut a, &workload(21, 300, 4));
+    let image = a.to_bytes();
+    let mut rejected = 0;
+    for i in 12..image.len() - 4 {
+        for flip in [0x01u8, 0x10, 0xFF] {
+            let mut d = image.clone();
+            d[i] ^= flip;
+            match Automaton::from_bytes(&reseal(d)) {
+                Err(Error::CorruptFile { .. }) => rejected += 1,
+                Err(e) => panic!("byte {i}: expected CorruptFile, got {e:?}"),
+                // Some edits describe another valid automaton (a later last use, a smaller
+                // count); whatever loads must satisfy every invariant.
+                Ok(b) => b.check_integrity().unwrap(),
+            }
+        }
+    }
+    assert!(rejected > 0);
+    // Hand-made structural damage, each caught by its own check.
+    let header =
+        |d: &mut Vec<u8>, at: usize, v: u32| d[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    let mut d = image.clone();
+    header(&mut d, 12, 1);
+    assert!(corrupt_message(&reseal(d)).contains("flags"));
+    let mut d = image.clone();
+    header(&mut d, 16, 1);
+    assert!(corrupt_message(&reseal(d)).contains("configuration"));
+    let mut d = image.clone();
+    header(
+        &mut d,
+        40,
+        u32::from_le_bytes(image[40..44].try_into().unwrap()) + 1,
+    );
+    assert!(corrupt_message(&reseal(d)).contains("slots"));
+}
+
+#[test]
+fn huge_counts_in_a_header_do_not_allocate() {
+    let a = Automaton::new(4, 100, 2).unwrap();
+    let mut d = a.to_bytes();
+    for at in [40, 44, 48, 52] {
+        let mut e = d.clone();
+        e[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        let expected = if at == 40 {
+            "slots"
+        } else {
+            "header describes"
+        };
+        assert!(
+            corrupt_message(&reseal(e)).contains(expected),
+            "offset {at}"
+        );
+    }
+    d[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(corrupt_message(&reseal(d)).contains("configuration"));
+}
+
+#[test]
+fn the_linear_check_agrees_with_brute_force_and_catches_a_wrong_link() {
+    let mut a = Automaton::new(5, 30, 2).unwrap();
+    feed(&mut a, &workload(33, 500, 4));
+    a.check_integrity().unwrap();
+    a.check_integrity_linear().unwrap();
+    let v = (1..a.nodes.len())
+        .find(|&v| a.nodes[v].alive && a.nodes[v].depth >= 2)
+        .unwrap();
+    a.nodes[v].fail = ROOT;
+    assert!(a.check_integrity().is_err());
+    assert!(a.check_integrity_linear().is_err());
+}
+
+#[test]
+fn save_is_atomic_and_load_names_the_file() {
+    let dir = std::env::temp_dir().join(format!("racer-persist-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("index.racer");
+    let mut a = Automaton::new(4, 50, 2).unwrap();
+    feed(&mut a, &workload(5, 300, 5));
+    a.save(&path).unwrap();
+    assert_eq!(Automaton::load(&path).unwrap().to_bytes(), a.to_bytes());
+    a.extend(&[1, 2, 3]).unwrap();
+    a.save(&path).unwrap(); // replaces the old image
+    assert_eq!(Automaton::load(&path).unwrap().to_bytes(), a.to_bytes());
+    // A failed save leaves no temporary file behind and the old image intact.
+    let blocked = dir.join("sub");
+    std::fs::create_dir_all(blocked.join("child")).unwrap();
+    assert!(matches!(a.save(&blocked), Err(Error::Io { .. })));
+    let missing = dir.join("no-such-folder").join("x.racer");
+    assert!(matches!(
+        a.save(&missing),
+        Err(Error::Io {
+            kind: std::io::ErrorKind::NotFound,
+            ..
+        })
+    ));
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
+    std::fs::write(dir.join("bad"), b"RACERIDX\x01\0\0\0").unwrap();
+    match Automaton::load(&dir.join("bad")) {
+        Err(Error::CorruptFile { source_name, .. }) => assert!(source_name.ends_with("bad")),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        Automaton::load(&dir.join("absent")),
+        Err(Error::Io {
+            kind: std::io::ErrorKind::NotFound,
+            ..
+        })
+    ));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn stateless_borders_equal_the_match_state_borders() {
+    for (seed, ngram, capacity) in [(1, 4, 10_000), (2, 5, 30), (3, 3, 8)] {
+        let mut a = Automaton::new(ngram, capacity, 1).unwrap();
+        let mut s = seed;
+        for _ in 0..400 {
+            a.extend(&[(lcg(&mut s) % 4) as i32]).unwrap();
+            let recent = a.recent_tokens();
+            for next in 0..5 {
+                assert_eq!(a.borders_for(&recent, next), a.borders(next));
+            }
+            let next = (lcg(&mut s) % 4) as i32;
+            let context: Vec<i32> = recent.iter().map(|&t| t as i32).collect();
+            let mut b = a.clone();
+            let (tree, recency) = b.retrieve_after(&context, next, 10).unwrap();
+            assert_eq!(a.retrieve(next, 10).unwrap(), tree);
+            b.touch(&recency); // the same recency as the stateful call's
+            assert_eq!(a.to_bytes(), b.to_bytes());
+        }
+    }
+}
+
+#[test]
+fn touch_skips_nodes_recycled_since_the_build() {
+    let mut a = Automaton::new(3, 6, 1).unwrap();
+    a.extend(&[1, 2, 3]).unwrap();
+    let used: Vec<u32> = (1..a.nodes.len() as u32).collect();
+    let recency = a.recency(&used);
+    assert_eq!(recency.len(), used.len());
+    a.extend(&[4, 5, 6, 7]).unwrap(); // evicts and recycles slots
+    let before: Vec<(u32, u64)> = a.nodes.iter().map(|n| (n.generation, n.tick)).collect();
+    let tick = a.tick;
+    a.touch(&recency);
+    for (v, n) in a.nodes.iter().enumerate().skip(1) {
+        let unchanged = before[v] == (n.generation, n.tick);
+        assert_eq!(unchanged, n.generation != 0 || !n.alive, "slot {v}");
+        if !unchanged {
+            assert_eq!(n.tick, tick + 1);
+        }
+    }
+    a.check_integrity().unwrap();
+    // After `clear` the slots restart at generation 0: an older recency must not touch them.
+    let recency = a.recency(&(1..a.nodes.len() as u32).collect::<Vec<_>>());
+    a.clear();
+    a.extend(&[1, 2, 3]).unwrap();
+    let image = a.to_bytes();
+    a.touch(&recency);
+    assert_eq!(a.to_bytes(), image);
+}

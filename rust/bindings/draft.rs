@@ -1,19 +1,45 @@
 //! `build_draft_tree` for Python.
 
+use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 use pyo3::prelude::*;
 
 use super::arrays::{Int, at_least, prob_vector, token_arg, token_id};
 use super::automaton::PyAutomaton;
+use super::errors::value_error;
 use super::logits_table::{PyLogitsTable, exempt};
 use super::tree::PyDraftTree;
-use crate::draft::{DraftOptions, build_draft_tree as build};
+use crate::automaton::Automaton;
+use crate::draft::{DraftOptions, build_draft_tree_shared as build};
 
-/// RACER's draft tree: ``draft_chain`` first, then retrieval paths, then the logits tree;
-/// the budget is charged after merging.
+/// The request's automaton (written) and the shared one (read), locked in address order: every
+/// caller takes two automaton locks in the same global order, so two builds that use the same
+/// pair in opposite roles cannot deadlock.
+fn lock_pair<'a>(
+    automaton: &'a PyAutomaton,
+    shared: Option<&'a PyAutomaton>,
+) -> (
+    RwLockWriteGuard<'a, Automaton>,
+    Option<RwLockReadGuard<'a, Automaton>>,
+) {
+    match shared {
+        None => (automaton.inner.write(), None),
+        Some(s) if std::ptr::from_ref(s) < std::ptr::from_ref(automaton) => {
+            let s = s.inner.read();
+            (automaton.inner.write(), Some(s))
+        }
+        Some(s) => {
+            let a = automaton.inner.write();
+            (a, Some(s.inner.read()))
+        }
+    }
+}
+
+/// RACER's draft tree: ``draft_chain`` first, then retrieval paths (the request's, then the
+/// shared automaton's), then the logits tree; the budget is charged after merging.
 #[pyfunction]
-#[pyo3(signature = (automaton, table, next_token, capacity = Int(64), *, use_retrieval = true, use_logits = true, draft_chain = None, exempt_depth = Int(1), scored = false, min_score = 0.0, calibration = None))]
+#[pyo3(signature = (automaton, table, next_token, capacity = Int(64), *, use_retrieval = true, use_logits = true, draft_chain = None, exempt_depth = Int(1), scored = false, min_score = 0.0, calibration = None, shared = None))]
 #[pyo3(
-    text_signature = "(automaton, table, next_token, capacity=64, *, use_retrieval=True, use_logits=True, draft_chain=None, exempt_depth=1, scored=False, min_score=0.0, calibration=None)"
+    text_signature = "(automaton, table, next_token, capacity=64, *, use_retrieval=True, use_logits=True, draft_chain=None, exempt_depth=1, scored=False, min_score=0.0, calibration=None, shared=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn build_draft_tree(
@@ -29,8 +55,15 @@ pub(crate) fn build_draft_tree(
     scored: bool,
     min_score: f64,
     calibration: Option<&Bound<'_, PyAny>>,
+    shared: Option<&PyAutomaton>,
 ) -> PyResult<PyDraftTree> {
     let next_token = token_id(next_token, "next_token")?;
+    if shared.is_some_and(|s| std::ptr::eq(s, automaton)) {
+        return Err(value_error(
+            "shared",
+            "must be another Automaton than `automaton` (the request's own index is already read)",
+        ));
+    }
     let options = DraftOptions {
         capacity: at_least(capacity, 1, "capacity")?,
         use_retrieval,
@@ -48,15 +81,24 @@ pub(crate) fn build_draft_tree(
         .map(|c| prob_vector(c, "calibration"))
         .transpose()?;
     let tree = py.detach(|| {
-        let mut a = automaton.inner.lock();
-        build(
-            &mut a,
-            &table.inner.read(),
-            next_token,
-            chain,
-            &options,
-            calibration.as_deref(),
-        )
+        let (tree, recency) = {
+            let (mut a, s) = lock_pair(automaton, shared);
+            build(
+                &mut a,
+                s.as_deref(),
+                &table.inner.read(),
+                next_token,
+                chain,
+                &options,
+                calibration.as_deref(),
+            )?
+        };
+        // The shared automaton's read lock is gone; its recency update takes the write lock
+        // alone (holding no other lock), skipping nodes a writer evicted in between.
+        if let Some(s) = shared.filter(|_| !recency.is_empty()) {
+            s.inner.write().touch(&recency);
+        }
+        Ok::<_, crate::Error>(tree)
     })?;
     Ok(tree.into())
 }

@@ -40,7 +40,7 @@ def call(fn, *args, **kwargs):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 9), anything, anything), min_size=1, max_size=8))
+@given(st.lists(st.tuples(st.integers(0, 12), anything, anything), min_size=1, max_size=8))
 def test_random_calls_never_panic_or_corrupt(ops):
     a = Automaton(ngram=4, capacity=60)
     table = LogitsTable(256, top_k=3)
@@ -64,7 +64,13 @@ def test_random_calls_never_panic_or_corrupt(ops):
             call(prompt_lookup, x, num_pred=y)
         elif op == 8:
             call(table.expand_static, 1, x, y)
-        else:
+        elif op == 9:
             call(build_draft_tree, a, table, 1, 16, draft_chain=x)
+        elif op == 10:
+            call(Automaton.from_bytes, x)
+        elif op == 11:
+            call(a.retrieve, 1, 8, context=x)
+        else:
+            call(build_draft_tree, a, table, 1, 16, shared=x)
         a.check_integrity()
         assert len(a) <= 60

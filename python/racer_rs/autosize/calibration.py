@@ -1,7 +1,8 @@
 """How likely each drafted node is to be accepted: per-edge-cell calibration, learned online.
 
 Every draft-tree node records the cell of the edge that drafted it (``DraftTree.cells``: chain
-depth, copy-logit probability or rank, retrieval match length and share). Given that its parent is
+depth, copy-logit probability or rank, retrieval match length and share, from the request's own
+automaton or a shared one). Given that its parent is
 accepted, a node is accepted with a probability that depends mostly on that cell, so counting
 outcomes per cell calibrates it:
 
