@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 import racer_rs
-from racer_rs.bench.prompts import load_questions
 from racer_rs.bench.prompting import encode_conversation
+from racer_rs.bench.prompts import load_questions
 
 
 def main() -> None:
@@ -45,9 +45,16 @@ def main() -> None:
             predicted, observed = [], []
             for seed, ids in enumerate(prompts):
                 result = racer_rs.generate(
-                    model, ids, method=method, capacity="auto", max_capacity=args.max_capacity,
-                    max_new_tokens=args.max_new_tokens, temperature=temperature, top_p=0.95 if temperature else 1.0,
-                    seed=seed, eos_token_id=tokenizer.eos_token_id,
+                    model,
+                    ids,
+                    method=method,
+                    capacity="auto",
+                    max_capacity=args.max_capacity,
+                    max_new_tokens=args.max_new_tokens,
+                    temperature=temperature,
+                    top_p=0.95 if temperature else 1.0,
+                    seed=seed,
+                    eos_token_id=tokenizer.eos_token_id,
                 )
                 report = result.extras["auto_capacity"]
                 sizes.update(report["chosen_sizes"])
@@ -57,7 +64,9 @@ def main() -> None:
             mode = "greedy" if temperature == 0 else f"T={temperature:g}, top-p 0.95"
             print(f"\n{args.model} {args.dtype} {args.threads}t, {method}, {mode}: {steps} steps")
             print("  sizes chosen:", dict(sorted(sizes.items())))
-            print(f"  tokens per step: predicted {np.sum(predicted) / steps:.2f}, observed {np.sum(observed) / steps:.2f}")
+            print(
+                f"  tokens per step: predicted {np.sum(predicted) / steps:.2f}, observed {np.sum(observed) / steps:.2f}"
+            )
             print("  cost curve (ms):", report["cost_curve_ms"])
 
 

@@ -79,7 +79,7 @@ def measure_at(stream: np.ndarray, context: int, table: LogitsTable, window: int
     for i in range(0, len(chunk), step):
         a.extend(chunk[i : i + step])
     extend_us = (time.perf_counter() - t0) / len(chunk) * 1e6
-    for i in range(0, len(chunk) - 1):
+    for i in range(len(chunk) - 1):
         nxt = int(chunk[i])
         s = time.perf_counter()
         build_draft_tree(a, table, nxt, 64)
@@ -108,20 +108,26 @@ def main() -> None:
     stream = source_stream(find_tokenizer(args.tokenizer), args.tokens)
     table = bigram_table(stream)
     print(f"stream: {len(stream)} tokens of stdlib source, vocab seen {len(np.unique(stream))}")
-    print(f"{'context':>8} | {'extend us/tok (step)':>20} | {'extend us/tok (bulk)':>20} | "
-          f"{'tree p50/p99 us':>15} | {'scored p50/p99 us':>17} | {'nodes':>6} | {'bytes':>9}")
+    print(
+        f"{'context':>8} | {'extend us/tok (step)':>20} | {'extend us/tok (bulk)':>20} | "
+        f"{'tree p50/p99 us':>15} | {'scored p50/p99 us':>17} | {'nodes':>6} | {'bytes':>9}"
+    )
     for context in (1_000, 10_000, 100_000):
         if context + args.window > len(stream):
             continue
         e, b, p50, p99, s50, s99, nodes, mem = measure_at(stream, context, table, args.window, args.step)
-        print(f"{context:>8} | {e:>20.3f} | {b:>20.3f} | {f'{p50:.1f} / {p99:.1f}':>15} | "
-              f"{f'{s50:.1f} / {s99:.1f}':>17} | {nodes:>6} | {mem:>9}")
+        print(
+            f"{context:>8} | {e:>20.3f} | {b:>20.3f} | {f'{p50:.1f} / {p99:.1f}':>15} | "
+            f"{f'{s50:.1f} / {s99:.1f}':>17} | {nodes:>6} | {mem:>9}"
+        )
     full = Automaton(ngram=10, capacity=10_000)
     t0 = time.perf_counter()
     full.extend(stream)
     total = time.perf_counter() - t0
-    print(f"whole stream in one call: {total / len(stream) * 1e6:.3f} us/token, "
-          f"{len(full)} nodes, {full.memory_bytes()} bytes; table {table.memory_bytes()} bytes")
+    print(
+        f"whole stream in one call: {total / len(stream) * 1e6:.3f} us/token, "
+        f"{len(full)} nodes, {full.memory_bytes()} bytes; table {table.memory_bytes()} bytes"
+    )
     print("reproduce: python benches/bench_core.py " + " ".join(sys.argv[1:]))
 
 

@@ -28,12 +28,12 @@ import numpy as np
 import torch
 
 import racer_rs
-from racer_rs.bench.prompts import load_benchmark
-from racer_rs.bench.prompting import encode_conversation
 from racer_rs.autosize.cost_model import synthetic_tree
-from racer_rs.loading.models import load_model
 from racer_rs.bench.precision import divergence_gap, ulp
+from racer_rs.bench.prompting import encode_conversation
+from racer_rs.bench.prompts import load_benchmark
 from racer_rs.engine.verifier import TreeVerifier
+from racer_rs.loading.models import load_model
 
 REPO_DATA = "data/spec_bench.jsonl"
 
@@ -113,8 +113,12 @@ def main() -> None:
                 for method in methods[index % len(methods) :] + methods[: index % len(methods)]:
                     start = time.perf_counter()
                     result = racer_rs.generate(
-                        models[dtype][0], prompt, method=method, max_new_tokens=args.max_new_tokens,
-                        eos_token_id=eos, capacity=args.capacity,
+                        models[dtype][0],
+                        prompt,
+                        method=method,
+                        max_new_tokens=args.max_new_tokens,
+                        eos_token_id=eos,
+                        capacity=args.capacity,
                     )
                     seconds[dtype, method] += time.perf_counter() - start
                     tokens[dtype, method] += len(result.tokens)
@@ -124,13 +128,22 @@ def main() -> None:
                     reference = outputs[dtype, "ar"]
                     for method in methods:
                         mine = outputs[dtype, method]
-                        at = next((i for i, (a, b) in enumerate(zip(mine, reference)) if a != b), None)
+                        at = next((i for i, (a, b) in enumerate(zip(mine, reference, strict=False)) if a != b), None)
                         if at is None:
                             continue
-                        gap, tolerance = divergence_gap(models[dtype][0], prompt + reference[:at], reference[at], mine[at])
+                        gap, tolerance = divergence_gap(
+                            models[dtype][0], prompt + reference[:at], reference[at], mine[at]
+                        )
                         results["divergences"].append(
-                            {"dtype": dtype, "method": method, "question": questions[index].question_id,
-                             "category": questions[index].category, "position": at, "gap": gap, "tolerance": tolerance}
+                            {
+                                "dtype": dtype,
+                                "method": method,
+                                "question": questions[index].question_id,
+                                "category": questions[index].category,
+                                "position": at,
+                                "gap": gap,
+                                "tolerance": tolerance,
+                            }
                         )
         speed = {f"{d}/{m}": tokens[d, m] / seconds[d, m] for d in models for m in methods}
         results["speed"][f"{threads}t"] = speed

@@ -75,7 +75,9 @@ def code_like_stream(n_tokens: int, seed: int = 0) -> np.ndarray:
     global_ = KEYWORDS + rng.choice(IDENTIFIERS, size=len(slots), p=ident_p)
     stream[slots] = np.where(rng.random(len(slots)) < 0.8, local, global_)
     # Copy-paste: one function in ten is followed by a copy of an earlier one.
-    function_starts = np.concatenate([[0], np.cumsum(np.bincount(line_function, weights=line_lengths).astype(np.int64))])
+    function_starts = np.concatenate(
+        [[0], np.cumsum(np.bincount(line_function, weights=line_lengths).astype(np.int64))]
+    )
     pieces = []
     for f in range(n_functions):
         pieces.append(stream[function_starts[f] : function_starts[f + 1]])
@@ -121,7 +123,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=10_000_000)
     parser.add_argument("--ngram", type=int, default=10)
-    parser.add_argument("--repeat", type=int, default=3, help="timed repetitions of each save/load step (best is reported)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="timed repetitions of each save/load step (best is reported)"
+    )
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="folder for the saved image")
     parser.add_argument("--draft-calls", type=int, default=2000)
     args = parser.parse_args()
@@ -144,11 +148,11 @@ def main() -> None:
     path = Path(args.dir) / f"bench-index-{os.getpid()}.racer"
     memory_gib = index.memory_bytes() / 2**30
     try:
-        _, save_s, _ = timed(lambda: index.save(path), args.repeat)
+        _, save_s, _ = timed(lambda built=index: built.save(path), args.repeat)
         image, to_bytes_s, _ = timed(index.to_bytes, args.repeat)
         del index
         size = len(image)
-        loaded, from_bytes_s, _ = timed(lambda: Automaton.from_bytes(image), args.repeat)
+        loaded, from_bytes_s, _ = timed(lambda data=image: Automaton.from_bytes(data), args.repeat)
         assert len(loaded) == nodes
         del loaded
         loaded, load_s, load_all = timed(lambda: Automaton.load(path), args.repeat)

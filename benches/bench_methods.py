@@ -68,7 +68,7 @@ def load_prompts(data_dir: Path, limit: int, tokenizer: Any) -> list[tuple[str, 
     prompts = []
     for name in ("code_completion", "human_eval"):
         with (data_dir / f"{name}.jsonl").open() as handle:
-            for index, line in zip(range(limit), handle):
+            for index, line in zip(range(limit), handle, strict=False):
                 prompts.append((f"{name}/{index}", tokenizer(json.loads(line)["turns"][0])["input_ids"]))
     return prompts
 
@@ -86,7 +86,10 @@ def method_configs(methods: list[str], capacities: list[int], default_capacity: 
 
 def print_table(setting: str, rows: dict[str, dict[str, float]]) -> None:
     print(f"\n## {setting}")
-    header = f"| {'method':18} | {'MAT':>5} | {'tree':>5} | {'tok/s':>6} | {'decode tok/s':>12} | {'vs ar':>6} | {'outside fwd':>11} |"
+    header = (
+        f"| {'method':18} | {'MAT':>5} | {'tree':>5} | {'tok/s':>6} | {'decode tok/s':>12} | {'vs ar':>6} "
+        f"| {'outside fwd':>11} |"
+    )
     print(header)
     print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
     for label, row in rows.items():

@@ -29,6 +29,7 @@ import sys
 import time
 
 import numpy as np
+
 from racer_rs import Automaton, DraftPool, LogitsTable, build_draft_tree
 
 
@@ -97,7 +98,7 @@ def measure(args: argparse.Namespace, requests: int, rng: np.random.Generator) -
             position += 3
         # The baseline: one (automaton, table) pair per request, driven from Python.
         t0 = time.perf_counter()
-        for (a, table), f in zip(pairs, futures):
+        for (a, table), f in zip(pairs, futures, strict=False):
             a.extend(f[position : position + 3])
             build_draft_tree(a, table, int(f[position + 3]), args.capacity)
         loop.append(time.perf_counter() - t0)

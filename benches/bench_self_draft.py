@@ -46,10 +46,9 @@ import numpy as np
 import torch
 
 import racer_rs
-from racer_rs.bench.prompts import load_questions
-from racer_rs.bench.prompting import encode_conversation
-
 from position_buckets import BUCKET, acceptance_by_bucket, plot_acceptance, tts_update_summary
+from racer_rs.bench.prompting import encode_conversation
+from racer_rs.bench.prompts import load_questions
 
 ROOT = Path(__file__).resolve().parents[1]
 CATEGORIES = ("writing", "roleplay", "summarization")
@@ -178,7 +177,8 @@ def print_table(rows: list[dict[str, Any]], temperature: float) -> None:
         if "updates" in row:
             print(
                 f"{row['method']:20s} updates {row['updates']:5d}  update {row['update_s']:7.2f}s  critical "
-                f"{row['critical_s']:6.3f}s = {100 * row['critical_share']:.1f}% of decode  mean loss {row['mean_loss']:.3f}"
+                f"{row['critical_s']:6.3f}s = {100 * row['critical_share']:.1f}% of decode  "
+                f"mean loss {row['mean_loss']:.3f}"
             )
     by = {row["method"]: row for row in rows}
     static = by.get("distilled")
@@ -232,7 +232,9 @@ def main() -> None:
         flush=True,
     )
     if args.head_timing:
-        print("draft forward ms per token:", {k: round(v, 2) for k, v in head_timing(target, drafts).items()}, flush=True)
+        print(
+            "draft forward ms per token:", {k: round(v, 2) for k, v in head_timing(target, drafts).items()}, flush=True
+        )
 
     def run(prompt: list[int], label: str, temperature: float, seed: int, n: int) -> Any:
         method, key, options = methods[label]
@@ -241,13 +243,15 @@ def main() -> None:
         if key is not None:
             options["draft_model"] = drafts[key]
         sampling = {"temperature": temperature, "top_p": args.top_p, "seed": seed} if temperature > 0 else {}
-        return racer_rs.generate(target, prompt, method=method, max_new_tokens=n, capacity=capacity, **sampling, **options)
+        return racer_rs.generate(
+            target, prompt, method=method, max_new_tokens=n, capacity=capacity, **sampling, **options
+        )
 
     run(prompts[0][1][:32], "tts_S1" if "tts_S1" in methods else "ar", 0.0, 0, 8)  # warm-up
     payload: dict[str, Any] = {"command": sys.argv, "threads": args.threads, "prompts": len(prompts), "runs": {}}
     for temperature in temperatures:
         results: dict[str, list[Any]] = {label: [] for label in methods}
-        mismatches = {label: 0 for label in methods}
+        mismatches = dict.fromkeys(methods, 0)
         for index, (category, prompt) in enumerate(prompts):
             for label in methods:
                 start = time.perf_counter()

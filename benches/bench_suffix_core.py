@@ -71,7 +71,7 @@ def synthetic_stream(tokens: int, seed: int = 0) -> np.ndarray:
 
 def bigram_table(stream: np.ndarray, top_k: int = 8) -> LogitsTable:
     followers: dict[int, Counter[int]] = defaultdict(Counter)
-    for a, b in zip(stream[:-1].tolist(), stream[1:].tolist()):
+    for a, b in zip(stream[:-1].tolist(), stream[1:].tolist(), strict=False):
         followers[a][b] += 1
     table = LogitsTable(int(stream.max()) + 1, top_k)
     tokens = np.fromiter(followers, dtype=np.int32)
@@ -93,16 +93,18 @@ def main() -> None:
     args = parser.parse_args()
     print("reproduce: python " + " ".join(shlex.quote(a) for a in sys.argv), flush=True)
 
-    import arctic_inference.suffix_decoding as sd
     from importlib.metadata import version
 
+    import arctic_inference.suffix_decoding as sd
     from arctic_inference.suffix_decoding import SuffixDecodingCache
     from arctic_inference.suffix_decoding._C import SuffixTree
 
     stream = synthetic_stream(args.tokens) if args.synthetic else code_stream(args.tokens)
     kind = "synthetic phrases" if args.synthetic else "data/code_completion.jsonl, pycode-target-7m tokenizer"
-    print(f"stream: {len(stream)} tokens ({kind}), {len(np.unique(stream))} distinct; prompt {args.prompt}, "
-          f"{args.step} tokens per step; arctic-inference {version('arctic-inference')} ({sd.__file__})")
+    print(
+        f"stream: {len(stream)} tokens ({kind}), {len(np.unique(stream))} distinct; prompt {args.prompt}, "
+        f"{args.step} tokens per step; arctic-inference {version('arctic-inference')} ({sd.__file__})"
+    )
     table = bigram_table(stream)
 
     prompt = np.ascontiguousarray(stream[: args.prompt])
@@ -127,29 +129,47 @@ def main() -> None:
             timed("cache.add_active_response", cache.add_active_response, 0, chunk)
 
         def cache_tree() -> None:
-            d = timed("cache.speculate tree", cache.speculate, 0, pattern, max_spec_tokens=SPEC_TOKENS,
-                      max_spec_factor=1.0, min_token_prob=0.1, use_tree_spec=True)
+            d = timed(
+                "cache.speculate tree",
+                cache.speculate,
+                0,
+                pattern,
+                max_spec_tokens=SPEC_TOKENS,
+                max_spec_factor=1.0,
+                min_token_prob=0.1,
+                use_tree_spec=True,
+            )
             nodes["cache.speculate tree"].append(len(d.token_ids))
 
         def cache_chain() -> None:
-            d = timed("cache.speculate chain", cache.speculate, 0, pattern, max_spec_tokens=SPEC_TOKENS,
-                      max_spec_factor=1.0, min_token_prob=0.1, use_tree_spec=False)
+            d = timed(
+                "cache.speculate chain",
+                cache.speculate,
+                0,
+                pattern,
+                max_spec_tokens=SPEC_TOKENS,
+                max_spec_factor=1.0,
+                min_token_prob=0.1,
+                use_tree_spec=False,
+            )
             nodes["cache.speculate chain"].append(len(d.token_ids))
 
         def raw_extend() -> None:
             timed("SuffixTree.extend_ndarray", raw.extend_ndarray, 0, chunk)
 
         def raw_tree() -> None:
-            d = timed("SuffixTree.speculate_ndarray tree", raw.speculate_ndarray, pattern, SPEC_TOKENS,
-                      1.0, 0.0, 0.1, True)
+            d = timed(
+                "SuffixTree.speculate_ndarray tree", raw.speculate_ndarray, pattern, SPEC_TOKENS, 1.0, 0.0, 0.1, True
+            )
             nodes["SuffixTree.speculate_ndarray tree"].append(len(d.token_ids))
 
         def ours_extend() -> None:
             timed("Automaton.extend", automaton.extend, chunk)
 
         def ours_retrieval() -> None:
-            t = timed("build_draft_tree retrieval", build_draft_tree, automaton, table, root, SPEC_TOKENS,
-                      use_logits=False)
+            t = timed(
+                "build_draft_tree retrieval", build_draft_tree, automaton, table, root, SPEC_TOKENS, use_logits=False
+            )
             nodes["build_draft_tree retrieval"].append(len(t) - 1)
 
         def ours_full() -> None:
@@ -182,11 +202,17 @@ def main() -> None:
     for name, values in times.items():
         us = np.asarray(values, dtype=np.float64) / 1e3
         p50, p90 = np.percentile(us, 50), np.percentile(us, 90)
-        per_token = f"{p50 / step:>14.3f} {p90 / step:>8.3f}" if "extend" in name.lower() or "add_" in name else f"{'':>14} {'':>8}"
+        per_token = (
+            f"{p50 / step:>14.3f} {p90 / step:>8.3f}"
+            if "extend" in name.lower() or "add_" in name
+            else f"{'':>14} {'':>8}"
+        )
         mean_nodes = f"{np.mean(nodes[name]):>11.2f}" if name in nodes else f"{'':>11}"
         print(f"{name:<36} {p50:>12.3f} {p90:>8.3f} {per_token} {mean_nodes}")
-    print(f"\nmemory: SuffixTree {raw.estimate_memory()} bytes (its depth-{DEPTH} tree of the whole stream), "
-          f"Automaton {automaton.memory_bytes()} bytes ({len(automaton)} nodes, LRU-capped at {args.max_nodes})")
+    print(
+        f"\nmemory: SuffixTree {raw.estimate_memory()} bytes (its depth-{DEPTH} tree of the whole stream), "
+        f"Automaton {automaton.memory_bytes()} bytes ({len(automaton)} nodes, LRU-capped at {args.max_nodes})"
+    )
 
 
 if __name__ == "__main__":

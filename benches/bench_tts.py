@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 import racer_rs
-
 from position_buckets import BUCKET, acceptance_by_bucket, plot_acceptance, tts_update_summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +115,7 @@ def main() -> None:
 
     run_one(target, draft, prompts[0][:64], "tts", {"canvas": 2, "update_every": 1}, 16)  # warm-up
     results: dict[str, list[Any]] = {label: [] for label in methods}
-    mismatches: dict[str, int] = {label: 0 for label in methods}
+    mismatches: dict[str, int] = dict.fromkeys(methods, 0)
     for index, prompt in enumerate(prompts):
         for label, (method, options) in methods.items():
             start = time.perf_counter()
@@ -161,7 +160,7 @@ def main() -> None:
                 ratio = row["buckets"][-1] / static["buckets"][-1]
                 slower = row["ms_per_round"] / static["ms_per_round"] - 1
                 print(f"{row['method']:12s} last bucket {ratio:.2f}x   time per round {100 * slower:+.1f}%")
-    print("greedy mismatches vs ar:", {k: v for k, v in mismatches.items()})
+    print("greedy mismatches vs ar:", dict(mismatches.items()))
 
     args.out.mkdir(parents=True, exist_ok=True)
     title = "pycode-target-7m + pycode-draft-1m (trained on 128-token windows), greedy"

@@ -30,7 +30,11 @@ MERGES = ["h e"]
 
 def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's query/key reordering (transformers undoes it when loading)."""
-    return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def tiny_llama(seed: int = 0, vocab: int = 258) -> LlamaForCausalLM:

@@ -22,9 +22,7 @@ class ReferenceIndex:
     def count(self, pattern: Sequence[int]) -> int:
         p = list(pattern)
         n = len(p)
-        return sum(
-            1 for s in self.sequences for i in range(len(s) - n + 1) if s[i : i + n] == p
-        )
+        return sum(1 for s in self.sequences for i in range(len(s) - n + 1) if s[i : i + n] == p)
 
     def continuations(self, next_token: int) -> set[tuple[int, ...]]:
         """Every token path P (starting with next_token) such that s + P occurred in one
@@ -71,9 +69,7 @@ def ancestor_mask(parents: Sequence[int]) -> list[list[bool]]:
     return mask
 
 
-def greedy_walk(
-    tokens: Sequence[int], parents: Sequence[int], predicted: Sequence[int]
-) -> tuple[list[int], int]:
+def greedy_walk(tokens: Sequence[int], parents: Sequence[int], predicted: Sequence[int]) -> tuple[list[int], int]:
     """Follow the child whose token equals the parent's prediction, from the root."""
     path = [0]
     while True:

@@ -60,4 +60,3 @@ def pvalue_of_array(observed_counts: Sequence[int], expected_probs: Sequence[flo
     observed = {i: int(c) for i, c in enumerate(observed_counts) if int(c) > 0}
     expected = {i: float(p) for i, p in enumerate(expected_probs)}
     return chi_square_pvalue(observed, expected, int(sum(int(c) for c in observed_counts)))
-

@@ -53,19 +53,16 @@ def test_the_rust_core_raises_the_same_hierarchy(call, cls):
 
 
 def test_error_context_prefixes_racer_errors_and_keeps_their_class():
-    with pytest.raises(errors.InvalidArgumentError, match=r"^--model: bad value$"):
-        with errors.error_context("--model"):
-            raise errors.InvalidArgumentError("bad value")
-    with pytest.raises(errors.MissingDependencyError) as info:
-        with errors.error_context("--model"):
-            raise errors.MissingDependencyError("needs x")
+    with pytest.raises(errors.InvalidArgumentError, match=r"^--model: bad value$"), errors.error_context("--model"):
+        raise errors.InvalidArgumentError("bad value")
+    with pytest.raises(errors.MissingDependencyError) as info, errors.error_context("--model"):
+        raise errors.MissingDependencyError("needs x")
     assert str(info.value) == "--model: needs x"  # ImportError prints .msg
 
 
 def test_error_context_lets_other_exceptions_through_unchanged():
-    with pytest.raises(ValueError, match=r"^plain$"):
-        with errors.error_context("--model"):
-            raise ValueError("plain")
+    with pytest.raises(ValueError, match=r"^plain$"), errors.error_context("--model"):
+        raise ValueError("plain")
 
 
 def test_a_broken_counterpart_that_maps_builtins_would_fail_these_checks():
@@ -99,8 +96,7 @@ def test_the_cli_prints_a_racer_error_as_one_line_and_exit_2(capsys):
 
 
 def test_the_cli_lets_a_bug_surface_as_a_traceback(monkeypatch):
-    from racer_rs.cli import main
-    from racer_rs.cli import loading
+    from racer_rs.cli import loading, main
 
     def broken(*args, **kwargs):
         raise ValueError("an engine bug, not a usage error")

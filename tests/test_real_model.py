@@ -17,9 +17,9 @@ torch = pytest.importorskip("torch")
 
 import racer_rs  # noqa: E402
 from racer_rs import optional_deps  # noqa: E402
-from racer_rs.bench.prompts import load_benchmark  # noqa: E402
-from racer_rs.bench.prompting import encode_conversation  # noqa: E402
 from racer_rs.bench.hf_peers import generate_with_transformers  # noqa: E402
+from racer_rs.bench.prompting import encode_conversation  # noqa: E402
+from racer_rs.bench.prompts import load_benchmark  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
 from tests.helpers import plain_greedy  # noqa: E402
 
@@ -81,15 +81,20 @@ def test_every_method_equals_plain_greedy_decoding(smollm2, prompts, plain, meth
         assert sum(result.accepted_lengths) == len(result.tokens)
 
 
-@pytest.mark.parametrize("method", ("racer", "racer_scored"))
+@pytest.mark.parametrize("method", ["racer", "racer_scored"])
 def test_auto_capacity_equals_plain_greedy_decoding(smollm2, prompts, plain, method):
     # capacity="auto" measures this model's forward cost and cuts trees by calibrated scores;
     # whatever size it picks, the output must stay plain greedy decoding.
     model, tokenizer = smollm2
     for name, ids in prompts.items():
         result = racer_rs.generate(
-            model, ids, method=method, max_new_tokens=NEW_TOKENS, eos_token_id=tokenizer.eos_token_id,
-            capacity="auto", max_capacity=16,
+            model,
+            ids,
+            method=method,
+            max_new_tokens=NEW_TOKENS,
+            eos_token_id=tokenizer.eos_token_id,
+            capacity="auto",
+            max_capacity=16,
         )
         assert result.tokens == plain[name], (method, name)
         sizes = result.extras["auto_capacity"]["chosen_sizes"]
@@ -112,8 +117,12 @@ def test_drafting_methods_accept_drafts_on_the_summarization_prompt(smollm2, pro
     model, tokenizer = smollm2
     for method in ("pld", "racer"):
         result = racer_rs.generate(
-            model, prompts["summarization"], method=method, max_new_tokens=NEW_TOKENS,
-            eos_token_id=tokenizer.eos_token_id, capacity=16,
+            model,
+            prompts["summarization"],
+            method=method,
+            max_new_tokens=NEW_TOKENS,
+            eos_token_id=tokenizer.eos_token_id,
+            capacity=16,
         )
         assert result.mat > 1.3, (method, result.mat)
 

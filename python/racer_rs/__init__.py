@@ -35,10 +35,10 @@ from racer_rs.errors import (
 )
 
 if TYPE_CHECKING:
-    from racer_rs.selfdraft.distillation import DistillSettings, distill_self_draft
-    from racer_rs.selfdraft.checkpoint import load_self_draft
     from racer_rs.engine.generation import GenerationResult, generate
     from racer_rs.loading.models import load_model, resolve_model
+    from racer_rs.selfdraft.checkpoint import load_self_draft
+    from racer_rs.selfdraft.distillation import DistillSettings, distill_self_draft
     from racer_rs.selfdraft.model import self_draft
 
 __all__ = [

@@ -23,9 +23,9 @@ __all__ = [
     "DraftPool",
     "DraftTree",
     "LogitsTable",
+    "__version__",
     "build_draft_tree",
     "edge_cell_priors",
-    "__version__",
     "prompt_lookup",
 ]
 
@@ -369,7 +369,8 @@ class DraftPool:
     split into contiguous chunks drafted on up to ``threads`` threads (the caller's
     included), but only as many as give every thread enough work to pay for starting it
     (about 60 µs: some 25 requests' 16-node trees in :meth:`propose`, 96 tokens in
-    :meth:`extend`); smaller batches stay on the calling thread. A call that raises changes no request's state. The pool may be shared by
+    :meth:`extend`); smaller batches stay on the calling thread. A call that raises changes no
+    request's state. The pool may be shared by
     Python threads (a lock per request, and one for the set of requests).
 
     Args:

@@ -162,7 +162,9 @@ def _integer_array(name: str, value: Any) -> np.ndarray:
         try:
             return np.asarray(value, dtype=np.int64)
         except OverflowError:  # an id beyond int64: certainly out of range
-            raise InvalidArgumentError(f"{name} must be token ids in [0, {MAX_TOKEN_ID + 1}), got an id beyond int64") from None
+            raise InvalidArgumentError(
+                f"{name} must be token ids in [0, {MAX_TOKEN_ID + 1}), got an id beyond int64"
+            ) from None
         except ValueError:  # ragged nested lists
             raise InvalidArgumentError(f"{name}: rows of different lengths") from None
     raise InvalidTypeError(f"{name} must be a list of ints or an integer array/tensor, got {type(value).__name__}")

@@ -22,8 +22,8 @@ from racer_rs import EDGE_CELLS, DraftTree, edge_cell_priors  # noqa: E402
 from racer_rs.autosize import sizer as tree_size  # noqa: E402
 from racer_rs.autosize.calibration import PRIOR_WEIGHT, EdgeCalibration, path_probabilities  # noqa: E402
 from racer_rs.autosize.cost_model import CostModel  # noqa: E402
-from racer_rs.engine.sampling import SamplingConfig  # noqa: E402
 from racer_rs.autosize.sizer import EXPLORE_AFTER, TreeSizer, best_first_order, best_prefix_size, subtree  # noqa: E402
+from racer_rs.engine.sampling import SamplingConfig  # noqa: E402
 from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, seeded_llama, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -87,7 +87,7 @@ def test_a_likelier_left_out_node_never_shrinks_the_tree(probabilities, base, st
     index = before - 1 + index % (len(probabilities) - before + 1)
     higher = list(probabilities)
     higher[index] = max(higher[index], raise_to)
-    higher = higher[:before - 1] + sorted(higher[before - 1 :], reverse=True)
+    higher = higher[: before - 1] + sorted(higher[before - 1 :], reverse=True)
     if higher[before - 1] > higher[max(0, before - 2)] and before > 1:
         return  # the raised node would move into the kept prefix: not a left-out node any more
     assert best_prefix_size(np.asarray(higher), seconds) >= before
@@ -222,7 +222,7 @@ def test_warm_start_caps_old_evidence():
     assert fresh.tried[7] == pytest.approx(64) and fresh.accepted[7] == pytest.approx(64)
     fresh.observe(np.full(200, 7), np.zeros(200, dtype=bool))
     assert fresh.probabilities()[7] < 0.3  # the request's own outcomes dominate
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="invalid counts"):
         fresh.load({"accepted": [1.0] * EDGE_CELLS, "tried": [0.0] * EDGE_CELLS})  # accepted > tried
 
 
@@ -251,7 +251,7 @@ def test_cost_corrects_itself_from_observed_steps():
     assert cost.overhead == pytest.approx(0.5, rel=0.01)
     restored = CostModel.from_state(json.loads(json.dumps(cost.state())))
     assert restored.forward_seconds(np.array([16]), 700) == pytest.approx(cost.forward_seconds(np.array([16]), 700))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # noqa: PT011 - any malformed state is rejected; messages vary by field
         CostModel.from_state({"sizes": [1, 2], "seconds": {"1": [1.0]}})
 
 
@@ -275,7 +275,7 @@ def test_a_first_look_at_a_size_learns_the_machine_s_factor_not_one():
 )
 def test_a_cost_state_with_non_finite_or_negative_values_is_rejected(bad):
     state = {"sizes": [1, 2], "seconds": {"128": [1.0, 2.0], "1024": [2.0, 3.0]}, "overhead": 0.0} | bad
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # noqa: PT011 - any malformed state is rejected; messages vary by field
         CostModel.from_state(json.loads(json.dumps(state)))
 
 
@@ -286,7 +286,7 @@ def test_a_calibration_state_with_bad_totals_loads_nothing():
     good.accepted[:] = 3.0
     good.tried[:] = 4.0
     state = good.state() | {"expected_extra": -1.0}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="invalid totals"):
         calibration.load(state)
     assert calibration.state() == before
 
@@ -363,8 +363,14 @@ def test_auto_sampling_equals_plain_sampling(forced_cost, method):
     for seed in range(2):
         expected = plain_sampling(model, REPEATING_PROMPT, 40, config, seed)
         result = racer_rs.generate(
-            model, REPEATING_PROMPT, method=method, max_new_tokens=40, temperature=1.0, top_p=0.9,
-            seed=seed, capacity="auto",
+            model,
+            REPEATING_PROMPT,
+            method=method,
+            max_new_tokens=40,
+            temperature=1.0,
+            top_p=0.9,
+            seed=seed,
+            capacity="auto",
         )
         assert result.tokens == expected, (method, seed)
 
@@ -384,7 +390,9 @@ def test_auto_with_draft_model_methods_is_lossless_in_greedy(forced_cost, method
 def test_auto_reports_sizes_predictions_and_the_cost_curve(forced_cost):
     forced_cost("mild")
     model = tiny_model("llama", seed=0, sharpen=4.0)
-    result = racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=40, capacity="auto", max_capacity=16)
+    result = racer_rs.generate(
+        model, REPEATING_PROMPT, method="racer", max_new_tokens=40, capacity="auto", max_capacity=16
+    )
     report = result.extras["auto_capacity"]
     assert report["max_capacity"] == 16 and max(report["chosen_sizes"]) <= 16
     assert report["observed_tokens_per_step"] == pytest.approx(np.mean(result.accepted_lengths[: report["steps"]]))
@@ -401,7 +409,7 @@ def test_bad_capacity_values_are_clear_errors():
     with pytest.raises(ValueError, match="max_capacity must be >= 1"):
         racer_rs.generate(model, [1, 2, 3], capacity="auto", max_capacity=0)
     window = model.config.max_position_embeddings
-    with pytest.raises(ValueError, match="max_capacity .* must be below the model's window"):
+    with pytest.raises(ValueError, match=r"max_capacity .* must be below the model's window"):
         racer_rs.generate(model, [1, 2, 3], capacity="auto", max_capacity=window)
 
 

@@ -66,7 +66,6 @@ METRIC_FIELDS = (
 )
 
 
-
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
@@ -101,9 +100,7 @@ def bench_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
-def run_bench(
-    capsys: pytest.CaptureFixture[str], argv: list[str]
-) -> tuple[int, str, str, dict[str, Any] | None]:
+def run_bench(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str, dict[str, Any] | None]:
     code = main(argv)
     captured = capsys.readouterr()
     out = Path(argv[argv.index("--out") + 1])
@@ -113,9 +110,7 @@ def run_bench(
 
 def test_bench_writes_table_json_and_plots(tiny_model, data_file, tmp_path, capsys):
     out = tmp_path / "out"
-    argv = bench_args(
-        tiny_model, data_file, out, "--methods", "pld,ar", "--temperature", "0.8", "0", "--repeat", "2"
-    )
+    argv = bench_args(tiny_model, data_file, out, "--methods", "pld,ar", "--temperature", "0.8", "0", "--repeat", "2")
     code, stdout, stderr, report = run_bench(capsys, argv)
     assert code == 0, stderr
     for name in ("speedup.png", "mat.png", "acceptance_vs_position.png"):
@@ -292,9 +287,7 @@ def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
 
 def test_malformed_data_row_is_a_one_line_error_with_file_and_line(tiny_model, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(
-        json.dumps(ROWS[0]) + "\n" + '{"question_id": 7, "turns": "not a list"}\n', encoding="utf-8"
-    )
+    bad.write_text(json.dumps(ROWS[0]) + "\n" + '{"question_id": 7, "turns": "not a list"}\n', encoding="utf-8")
     code, _, err, _ = run_bench(capsys, bench_args(tiny_model, bad, tmp_path / "out"))
     assert_one_line_error(code, err, f"{bad}:2:", "'turns'")
     assert not (tmp_path / "out").exists()
@@ -409,10 +402,26 @@ def _record(method: str, tokens: list[int], prompt: list[int], turn: int = 0) ->
     from racer_rs.bench.runner import Record
 
     return Record(
-        setting="greedy", question_index=0, question_id=0, category="c", source="s", turn=turn,
-        method=method, seed=0, prompt_tokens=len(prompt), new_tokens=len(tokens), steps=len(tokens),
-        mat=1.0, wall_s=1.0, prefill_s=0.0, decode_s=1.0, wall_s_repeats=[1.0], timings={},
-        accepted_lengths=[1] * len(tokens), positions=list(range(len(tokens))), tokens=tokens,
+        setting="greedy",
+        question_index=0,
+        question_id=0,
+        category="c",
+        source="s",
+        turn=turn,
+        method=method,
+        seed=0,
+        prompt_tokens=len(prompt),
+        new_tokens=len(tokens),
+        steps=len(tokens),
+        mat=1.0,
+        wall_s=1.0,
+        prefill_s=0.0,
+        decode_s=1.0,
+        wall_s_repeats=[1.0],
+        timings={},
+        accepted_lengths=[1] * len(tokens),
+        positions=list(range(len(tokens))),
+        tokens=tokens,
         prompt_ids=prompt,
     )
 
@@ -463,13 +472,18 @@ def test_a_later_turn_after_a_differing_answer_is_not_compared():
     ]
     _check_against_ar(records, model)
     assert [(r.method, r.turn, r.mismatch) for r in records] == [
-        ("ar", 0, None), ("ar", 1, None), ("pld", 0, True), ("pld", 1, None)
+        ("ar", 0, None),
+        ("ar", 1, None),
+        ("pld", 0, True),
+        ("pld", 1, None),
     ]
 
 
 def test_methods_may_carry_their_own_capacity_including_auto(tiny_model, data_file, tmp_path, capsys):
     out = tmp_path / "out"
-    argv = bench_args(tiny_model, data_file, out, "--methods", "racer@2,racer@auto,pld", "--no-plots", "--temperature", "0")
+    argv = bench_args(
+        tiny_model, data_file, out, "--methods", "racer@2,racer@auto,pld", "--no-plots", "--temperature", "0"
+    )
     code, stdout, stderr, report = run_bench(capsys, [*argv, "--max-capacity", "8"])
     assert code == 0, stderr
     assert report["config"]["methods"] == ["ar", "racer@2", "racer@auto", "pld"]
@@ -488,7 +502,11 @@ def test_methods_may_carry_their_own_capacity_including_auto(tiny_model, data_fi
 
 @pytest.mark.parametrize(
     ("methods", "fragment"),
-    [("racer@0", "capacity must be an int >= 1 or 'auto'"), ("hf@4", "peers take no capacity"), ("nope@4", "unknown method")],
+    [
+        ("racer@0", "capacity must be an int >= 1 or 'auto'"),
+        ("hf@4", "peers take no capacity"),
+        ("nope@4", "unknown method"),
+    ],
 )
 def test_bad_method_capacities_are_one_line_errors(tiny_model, data_file, tmp_path, capsys, methods, fragment):
     code, _, err, _ = run_bench(capsys, bench_args(tiny_model, data_file, tmp_path / "out", "--methods", methods))
@@ -504,8 +522,18 @@ def test_suffix_is_reported_as_learning_across_requests(arctic, tiny_model, data
     code, out, stderr, report = run_bench(
         capsys,
         bench_args(
-            tiny_model, data_file, tmp_path / "out", "--methods", "ar,racer,suffix", "--temperature", "0",
-            "--no-plots", "--limit", "1", "--warmup", "1",
+            tiny_model,
+            data_file,
+            tmp_path / "out",
+            "--methods",
+            "ar,racer,suffix",
+            "--temperature",
+            "0",
+            "--no-plots",
+            "--limit",
+            "1",
+            "--warmup",
+            "1",
         ),
     )
     assert code == 0, stderr

@@ -19,20 +19,19 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
-from racer_rs.cli import main  # noqa: E402
-from tests.cli_models import write_tiny_model  # noqa: E402
-from racer_rs.bench.prompts import MULTI_TURN_CATEGORY, load_benchmark, load_questions  # noqa: E402
-from racer_rs.cli.errors import CLIError  # noqa: E402
 from racer_rs.bench.prompting import encode_conversation  # noqa: E402
+from racer_rs.bench.prompts import MULTI_TURN_CATEGORY, load_benchmark, load_questions  # noqa: E402
+from racer_rs.cli import main  # noqa: E402
+from racer_rs.cli.errors import CLIError  # noqa: E402
 from racer_rs.cli.resources import resolve_shipped  # noqa: E402
 from racer_rs.cli.streaming import DRAFTED_STYLE, RESET_STYLE, TerminalStreamer  # noqa: E402
+from tests.cli_models import write_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 # Repeats, so that prompt lookup finds drafts the target accepts.
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
 ANSI = "\x1b["
-
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +235,12 @@ def test_multi_turn_group_alternates_between_its_categories():
     groups = [q.category for q in questions]
     assert groups == [g for g in dict.fromkeys(groups) for _ in range(3)]
     assert list(dict.fromkeys(groups)) == [
-        MULTI_TURN_CATEGORY, "translation", "summarization", "qa", "math_reasoning", "rag"
+        MULTI_TURN_CATEGORY,
+        "translation",
+        "summarization",
+        "qa",
+        "math_reasoning",
+        "rag",
     ]
     multi = [q for q in questions if q.category == MULTI_TURN_CATEGORY]
     assert [q.subcategory for q in multi] == ["writing", "roleplay", "reasoning"]
@@ -291,7 +295,7 @@ def test_shipped_defaults_resolve_from_cwd_then_repository(tmp_path, monkeypatch
     with pytest.raises(CLIError, match="default --model 'models/nothing-here' not found"):
         resolve_shipped("models/nothing-here", "--model")
     monkeypatch.setattr(model_loading, "repository_root", lambda: None)
-    with pytest.raises(CLIError, match="default --data 'data/code_completion.jsonl' not found"):
+    with pytest.raises(CLIError, match=r"default --data 'data/code_completion\.jsonl' not found"):
         resolve_shipped("data/code_completion.jsonl", "--data")
 
 
@@ -308,16 +312,12 @@ def test_repository_root_is_found_from_an_editable_install():
 
 
 def test_missing_model_path_is_a_one_line_error(tmp_path, capsys):
-    code, _, err = run_cli(
-        capsys, "generate", "--model", str(tmp_path / "absent"), "--prompt", "x", "--method", "ar"
-    )
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "absent"), "--prompt", "x", "--method", "ar")
     assert_one_line_error(code, err, "--model: model not found", str(tmp_path / "absent"))
 
 
 def test_unknown_method_is_a_one_line_error(tiny_model, capsys):
-    code, _, err = run_cli(
-        capsys, "generate", "--model", str(tiny_model), "--prompt", "x", "--method", "nope"
-    )
+    code, _, err = run_cli(capsys, "generate", "--model", str(tiny_model), "--prompt", "x", "--method", "nope")
     assert_one_line_error(code, err, "unknown method 'nope'", "racer")
 
 

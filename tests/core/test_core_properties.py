@@ -13,9 +13,7 @@ from racer_rs import Automaton, DraftTree, LogitsTable, build_draft_tree
 from tests.reference import ReferenceIndex, ancestor_mask, greedy_walk, tree_paths
 
 settings.register_profile("fast", max_examples=25, deadline=None)
-settings.register_profile(
-    "ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 # Small alphabets make repeats (and so real retrieval work) likely.

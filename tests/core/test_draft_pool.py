@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import racer_rs
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+
+import racer_rs
 from racer_rs import (
     EDGE_CELLS,
     Automaton,
@@ -31,13 +32,10 @@ from racer_rs import (
     build_draft_tree,
 )
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
-
 from tests.reference import ancestor_mask
 
 settings.register_profile("fast", max_examples=25, deadline=None)
-settings.register_profile(
-    "ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,7 +154,9 @@ def operations(draw, breadth: int) -> list:
         else:
             rows = draw(
                 st.lists(
-                    st.tuples(id_index, st.integers(0, VOCAB - 1), st.sampled_from([1, 2, 7, 16, 40]) | st.integers(1, 64)),
+                    st.tuples(
+                        id_index, st.integers(0, VOCAB - 1), st.sampled_from([1, 2, 7, 16, 40]) | st.integers(1, 64)
+                    ),
                     min_size=1,
                     max_size=10,
                     unique_by=lambda r: r[0],
@@ -207,6 +207,7 @@ def test_random_interleavings_match_independent_per_request_pairs(tree, data):
                     continue
             ids = [IDS[i] for i, _ in rows]
             parts = [t for _, t in rows]
+
             def call(ids: list = ids, parts: list = parts, flat: bool = flat) -> None:
                 if flat:
                     joined = np.asarray([x for t in parts for x in t], dtype=np.int64)
@@ -216,7 +217,7 @@ def test_random_interleavings_match_independent_per_request_pairs(tree, data):
 
             if all(i in refs for i in ids):
                 call()
-                for i, t in zip(ids, parts):
+                for i, t in zip(ids, parts, strict=False):
                     refs[i].extend(t)
             else:  # a failed call must leave every request as it was (later steps check it)
                 with pytest.raises(InvalidArgumentError, match="unknown request id"):
@@ -237,10 +238,15 @@ def test_random_interleavings_match_independent_per_request_pairs(tree, data):
                 op[1].shuffle(order)
                 committed = [code_like(np.random.default_rng(step), 3, VOCAB) for _ in order]
                 pool.extend(order, committed)
-                for rid, t in zip(order, committed):
+                for rid, t in zip(order, committed, strict=False):
                     refs[rid].extend(t.tolist())
-                op = ("propose", [(IDS.index(r), (step * 5 + j) % VOCAB, op[2]) for j, r in enumerate(order)],
-                      True, step % 2 == 0, False)
+                op = (
+                    "propose",
+                    [(IDS.index(r), (step * 5 + j) % VOCAB, op[2]) for j, r in enumerate(order)],
+                    True,
+                    step % 2 == 0,
+                    False,
+                )
                 if not order:
                     continue
             rows, scalar, calibrate = op[1], op[2], op[3]
@@ -265,7 +271,7 @@ def test_random_interleavings_match_independent_per_request_pairs(tree, data):
             assert len(batch) == len(ids)
             offsets = batch.offsets.tolist()
             assert offsets[0] == 0 and np.diff(offsets).tolist() == batch.counts.tolist()
-            for j, (rid, t, c) in enumerate(zip(ids, last, caps)):
+            for j, (rid, t, c) in enumerate(zip(ids, last, caps, strict=False)):
                 want = refs[rid].propose(t, c, cal)
                 assert_same_tree(batch.tree(j), want, f"{where}, request {rid!r}")
                 lo, hi = offsets[j], offsets[j + 1]
@@ -397,7 +403,7 @@ def test_sglang_layout_rebuilt_from_the_mask_recovers_every_tree(tree):
             for u in range(n):
                 kids = [c for c in range(n) if want_parents[c] == u]
                 assert next_token[b, u] == (kids[0] if kids else -1), (b, n, u)
-                for x, y in zip(kids, kids[1:] + [-1]):
+                for x, y in zip(kids, [*kids[1:], -1], strict=False):
                     assert next_sibling[b, x] == y, (b, n, x)
             if n >= len(t):  # the whole tree is there, as DraftTree masks it
                 assert t.attention_mask().tolist() == rows[: len(t), : len(t)].tolist()
@@ -407,9 +413,9 @@ def test_sglang_rejects_bad_sizes():
     pool, ids, nexts = filled_pool(requests=2)
     batch = pool.propose(ids, nexts, 8)
     for bad in (0, -3):
-        with pytest.raises(InvalidArgumentError, match="^n: must be >= 1"):
+        with pytest.raises(InvalidArgumentError, match=r"^n: must be >= 1"):
             batch.sglang(bad)
-    with pytest.raises(InvalidArgumentError, match="^n: .*over the limit"):
+    with pytest.raises(InvalidArgumentError, match=r"^n: .*over the limit"):
         batch.sglang(2**14)
 
 
@@ -539,49 +545,157 @@ BAD_CALLS = [
     (lambda p: p.remove("zz"), InvalidArgumentError, r"^id \('zz'\): unknown request id"),
     # extend
     (lambda p: p.extend(["a", "zz"], [[1], [2]]), InvalidArgumentError, r"^ids\[1\] \('zz'\): unknown request id"),
-    (lambda p: p.extend(["a", 7, "a"], [[1], [2], [3]]), InvalidArgumentError, r"^ids\[2\] \('a'\): duplicate request id \(also ids\[0\]\)"),
-    (lambda p: p.extend(["a", 7], [[1, 2], [3, -4]]), InvalidArgumentError, r"^tokens\[1\] \(7\): token -4 is outside 0\.\.10"),
+    (
+        lambda p: p.extend(["a", 7, "a"], [[1], [2], [3]]),
+        InvalidArgumentError,
+        r"^ids\[2\] \('a'\): duplicate request id \(also ids\[0\]\)",
+    ),
+    (
+        lambda p: p.extend(["a", 7], [[1, 2], [3, -4]]),
+        InvalidArgumentError,
+        r"^tokens\[1\] \(7\): token -4 is outside 0\.\.10",
+    ),
     (lambda p: p.extend(["a", 7], [[1, 10], [3]]), InvalidArgumentError, r"^tokens\[0\] \('a'\): token 10"),
-    (lambda p: p.extend(["a", 7], [[1], [2], [3]]), InvalidArgumentError, r"^tokens: expected one token array per id \(2\), got 3"),
+    (
+        lambda p: p.extend(["a", 7], [[1], [2], [3]]),
+        InvalidArgumentError,
+        r"^tokens: expected one token array per id \(2\), got 3",
+    ),
     (lambda p: p.extend(["a", 7], [[1], np.array([1.5])]), InvalidTypeError, r"^tokens\[1\] \(7\): expected an int32"),
     (lambda p: p.extend(["a", 7], [[1], "xy"]), InvalidTypeError, r"^tokens\[1\] \(7\): expected a sequence of ints"),
-    (lambda p: p.extend(["a", 7], np.array([1, 2, 3], dtype=I32)), InvalidArgumentError, r"^tokens: a flat array needs lengths"),
-    (lambda p: p.extend(["a", 7], [1, 2, 3], lengths=[1, 1]), InvalidArgumentError, r"^lengths: add up to 2, but 3 tokens"),
-    (lambda p: p.extend(["a", 7], [1, 2, 3], lengths=[1, 3]), InvalidArgumentError, r"^lengths\[1\] \(7\): the lengths so far exceed"),
-    (lambda p: p.extend(["a", 7], [1, 2, 3], lengths=[-1, 4]), InvalidArgumentError, r"^lengths\[0\] \('a'\): must be >= 0"),
-    (lambda p: p.extend(["a", 7], [1, 2, 3], lengths=[3]), InvalidArgumentError, r"^lengths: expected one length per id \(2\), got 1"),
+    (
+        lambda p: p.extend(["a", 7], np.array([1, 2, 3], dtype=I32)),
+        InvalidArgumentError,
+        r"^tokens: a flat array needs lengths",
+    ),
+    (
+        lambda p: p.extend(["a", 7], [1, 2, 3], lengths=[1, 1]),
+        InvalidArgumentError,
+        r"^lengths: add up to 2, but 3 tokens",
+    ),
+    (
+        lambda p: p.extend(["a", 7], [1, 2, 3], lengths=[1, 3]),
+        InvalidArgumentError,
+        r"^lengths\[1\] \(7\): the lengths so far exceed",
+    ),
+    (
+        lambda p: p.extend(["a", 7], [1, 2, 3], lengths=[-1, 4]),
+        InvalidArgumentError,
+        r"^lengths\[0\] \('a'\): must be >= 0",
+    ),
+    (
+        lambda p: p.extend(["a", 7], [1, 2, 3], lengths=[3]),
+        InvalidArgumentError,
+        r"^lengths: expected one length per id \(2\), got 1",
+    ),
     (lambda p: p.extend(["a", 7], [1, 2, 10], lengths=[1, 2]), InvalidArgumentError, r"^tokens\[1\] \(7\): token 10"),
     (lambda p: p.extend([], []), InvalidArgumentError, r"^ids: the batch is empty"),
     (lambda p: p.extend("a", [[1]]), InvalidTypeError, r"^ids: expected a sequence of request ids"),
-    (lambda p: p.extend(["a", None], [[1], [2]]), InvalidTypeError, r"^ids\[1\]: a request id must be an int or a str, got NoneType"),
+    (
+        lambda p: p.extend(["a", None], [[1], [2]]),
+        InvalidTypeError,
+        r"^ids\[1\]: a request id must be an int or a str, got NoneType",
+    ),
     # update_topk
-    (lambda p: p.update_topk("zz", [1], np.zeros((1, 2), dtype=I32)), InvalidArgumentError, r"^id \('zz'\): unknown request id"),
-    (lambda p: p.update_topk("a", [1], np.zeros((1, 3), dtype=I32)), InvalidArgumentError, r"^topk_ids \('a'\): expected 2 columns, got 3"),
-    (lambda p: p.update_topk("a", [1, 2], np.zeros((3, 2), dtype=I32)), InvalidArgumentError, r"^topk_ids \('a'\): has 3 rows but tokens has 2"),
-    (lambda p: p.update_topk(7, [1], np.array([[1, 10]], dtype=I32)), InvalidArgumentError, r"^topk_ids \(7\): token 10 is outside"),
-    (lambda p: p.update_topk(7, [11], np.array([[1, 2]], dtype=I32)), InvalidArgumentError, r"^tokens \(7\): token 11 is outside"),
-    (lambda p: p.update_topk(7, [1], np.zeros((1, 2), dtype=np.float32)), InvalidTypeError, r"^topk_ids \(7\): expected a int32"),
-    (lambda p: p.update_topk(7, [1], np.zeros(2, dtype=I32)), InvalidArgumentError, r"^topk_ids \(7\): expected a 2-D array"),
-    (lambda p: p.update_topk(7, [1], np.zeros((1, 2), dtype=I32), np.full((1, 2), 1.5)), InvalidArgumentError, r"^topk_probs \(7\): probabilities must be in \[0, 1\]"),
-    (lambda p: p.update_topk(7, [1], np.zeros((1, 2), dtype=I32), np.full((1, 3), 0.5)), InvalidArgumentError, r"^topk_probs \(7\): shape \(1, 3\) differs"),
+    (
+        lambda p: p.update_topk("zz", [1], np.zeros((1, 2), dtype=I32)),
+        InvalidArgumentError,
+        r"^id \('zz'\): unknown request id",
+    ),
+    (
+        lambda p: p.update_topk("a", [1], np.zeros((1, 3), dtype=I32)),
+        InvalidArgumentError,
+        r"^topk_ids \('a'\): expected 2 columns, got 3",
+    ),
+    (
+        lambda p: p.update_topk("a", [1, 2], np.zeros((3, 2), dtype=I32)),
+        InvalidArgumentError,
+        r"^topk_ids \('a'\): has 3 rows but tokens has 2",
+    ),
+    (
+        lambda p: p.update_topk(7, [1], np.array([[1, 10]], dtype=I32)),
+        InvalidArgumentError,
+        r"^topk_ids \(7\): token 10 is outside",
+    ),
+    (
+        lambda p: p.update_topk(7, [11], np.array([[1, 2]], dtype=I32)),
+        InvalidArgumentError,
+        r"^tokens \(7\): token 11 is outside",
+    ),
+    (
+        lambda p: p.update_topk(7, [1], np.zeros((1, 2), dtype=np.float32)),
+        InvalidTypeError,
+        r"^topk_ids \(7\): expected a int32",
+    ),
+    (
+        lambda p: p.update_topk(7, [1], np.zeros(2, dtype=I32)),
+        InvalidArgumentError,
+        r"^topk_ids \(7\): expected a 2-D array",
+    ),
+    (
+        lambda p: p.update_topk(7, [1], np.zeros((1, 2), dtype=I32), np.full((1, 2), 1.5)),
+        InvalidArgumentError,
+        r"^topk_probs \(7\): probabilities must be in \[0, 1\]",
+    ),
+    (
+        lambda p: p.update_topk(7, [1], np.zeros((1, 2), dtype=I32), np.full((1, 3), 0.5)),
+        InvalidArgumentError,
+        r"^topk_probs \(7\): shape \(1, 3\) differs",
+    ),
     # propose
-    (lambda p: p.propose(["a", 7, "zz"], [1, 2, 3], 8), InvalidArgumentError, r"^ids\[2\] \('zz'\): unknown request id"),
+    (
+        lambda p: p.propose(["a", 7, "zz"], [1, 2, 3], 8),
+        InvalidArgumentError,
+        r"^ids\[2\] \('zz'\): unknown request id",
+    ),
     (lambda p: p.propose([7, 7], [1, 2], 8), InvalidArgumentError, r"^ids\[1\] \(7\): duplicate request id"),
     (lambda p: p.propose([], [], 8), InvalidArgumentError, r"^ids: the batch is empty"),
-    (lambda p: p.propose(["a", 7], [1, 10], 8), InvalidArgumentError, r"^last_tokens\[1\] \(7\): token 10 is outside 0\.\.10"),
+    (
+        lambda p: p.propose(["a", 7], [1, 10], 8),
+        InvalidArgumentError,
+        r"^last_tokens\[1\] \(7\): token 10 is outside 0\.\.10",
+    ),
     (lambda p: p.propose(["a", 7], [-1, 1], 8), InvalidArgumentError, r"^last_tokens\[0\] \('a'\): token -1"),
-    (lambda p: p.propose(["a", 7], [1], 8), InvalidArgumentError, r"^last_tokens: expected one entry per id \(2\), got 1"),
+    (
+        lambda p: p.propose(["a", 7], [1], 8),
+        InvalidArgumentError,
+        r"^last_tokens: expected one entry per id \(2\), got 1",
+    ),
     (lambda p: p.propose(["a", 7], [1, 2], 0), InvalidArgumentError, r"^capacity: must be in 1\.\.=1048576, got 0"),
     (lambda p: p.propose(["a", 7], [1, 2], 2**70), InvalidArgumentError, r"^capacity: must be in"),
-    (lambda p: p.propose(["a", 7], [1, 2], [8, 0]), InvalidArgumentError, r"^capacity\[1\] \(7\): must be in 1\.\.=1048576, got 0"),
-    (lambda p: p.propose(["a", 7], [1, 2], np.array([2**21, 8])), InvalidArgumentError, r"^capacity\[0\] \('a'\): must be in"),
-    (lambda p: p.propose(["a", 7], [1, 2], [8]), InvalidArgumentError, r"^capacity: expected one entry per id \(2\), got 1"),
+    (
+        lambda p: p.propose(["a", 7], [1, 2], [8, 0]),
+        InvalidArgumentError,
+        r"^capacity\[1\] \(7\): must be in 1\.\.=1048576, got 0",
+    ),
+    (
+        lambda p: p.propose(["a", 7], [1, 2], np.array([2**21, 8])),
+        InvalidArgumentError,
+        r"^capacity\[0\] \('a'\): must be in",
+    ),
+    (
+        lambda p: p.propose(["a", 7], [1, 2], [8]),
+        InvalidArgumentError,
+        r"^capacity: expected one entry per id \(2\), got 1",
+    ),
     (lambda p: p.propose(["a", 7], [1, 2], 8.0), InvalidTypeError, r"^capacity: expected an int or a sequence of ints"),
-    (lambda p: p.propose(["a", 7], [1, 2], [8, "x"]), InvalidTypeError, r"^capacity\[1\] \(7\): expected an int, got str"),
+    (
+        lambda p: p.propose(["a", 7], [1, 2], [8, "x"]),
+        InvalidTypeError,
+        r"^capacity\[1\] \(7\): expected an int, got str",
+    ),
     (lambda p: p.propose(["a", 7], [1, 2], 8, calibration=[0.5]), InvalidArgumentError, r"^calibration: needs"),
-    (lambda p: p.propose(["a", 7], [1, 2], 8, calibration=np.full(EDGE_CELLS, 2.0)), InvalidArgumentError, r"^calibration: probabilities must be in \[0, 1\]"),
+    (
+        lambda p: p.propose(["a", 7], [1, 2], 8, calibration=np.full(EDGE_CELLS, 2.0)),
+        InvalidArgumentError,
+        r"^calibration: probabilities must be in \[0, 1\]",
+    ),
     (lambda p: p.propose(["a", 7], np.array([1.0, 2.0]), 8), InvalidTypeError, r"^last_tokens: expected an int32"),
-    (lambda p: p.propose(["a", 2.5], [1, 2], 8), InvalidTypeError, r"^ids\[1\]: a request id must be an int or a str, got float"),
+    (
+        lambda p: p.propose(["a", 2.5], [1, 2], 8),
+        InvalidTypeError,
+        r"^ids\[1\]: a request id must be an int or a str, got float",
+    ),
     (lambda p: p.propose(7, [1], 8), InvalidTypeError, r"^ids: expected a sequence of request ids .* got int"),
     # settings and the batch's accessors
     (lambda p: setattr(p, "threads", 0), InvalidArgumentError, r"^threads: must be >= 1, got 0"),

@@ -98,8 +98,14 @@ def filled() -> tuple[Automaton, LogitsTable]:
 def snapshot(a: Automaton, table: LogitsTable) -> tuple:
     tree = build_draft_tree(a, table, 3, 64)
     return (
-        len(a), a.match_length, a.count([1, 2]), a.count([2, 3, 4]), len(table),
-        table.row(1).tolist(), tree.tokens.tolist(), tree.parents.tolist(),
+        len(a),
+        a.match_length,
+        a.count([1, 2]),
+        a.count([2, 3, 4]),
+        len(table),
+        table.row(1).tolist(),
+        tree.tokens.tolist(),
+        tree.parents.tolist(),
     )
 
 
@@ -135,7 +141,11 @@ BAD_CALLS = [
     (lambda a, t: t.update([1], np.zeros((1, 2), dtype=np.int32), np.ones((1, 3))), ValueError, "topk_probs"),
     (lambda a, t: t.update([1], np.zeros((1, 2), dtype=np.int32), np.full((1, 2), 1.5)), ValueError, "topk_probs"),
     (lambda a, t: t.update([1], np.zeros((1, 2), dtype=np.int32), np.full((1, 2), np.nan)), ValueError, "topk_probs"),
-    (lambda a, t: t.update([1], np.zeros((1, 2), dtype=np.int32), np.ones((1, 2), dtype=np.int32)), TypeError, "topk_probs"),
+    (
+        lambda a, t: t.update([1], np.zeros((1, 2), dtype=np.int32), np.ones((1, 2), dtype=np.int32)),
+        TypeError,
+        "topk_probs",
+    ),
     (lambda a, t: build_draft_tree(a, t, 3, 0), ValueError, "capacity"),
     (lambda a, t: build_draft_tree(a, t, 10, 8), ValueError, "next_token"),
     (lambda a, t: build_draft_tree(a, t, -1, 8), ValueError, "next_token"),
@@ -164,7 +174,7 @@ def test_huge_budgets_are_rejected_and_huge_lookups_are_just_large():
         lambda: build_draft_tree(a, table, 1, 2**62),
         lambda: table.expand(1, 2**21),
     ):
-        with pytest.raises(ValueError, match="budget|capacity"):
+        with pytest.raises(ValueError, match=r"budget|capacity"):
             call()
     table.update(np.arange(10), (np.arange(20).reshape(10, 2) + 3) % 10)  # every row written
     assert len(build_draft_tree(a, table, 1, 2**20)) == 2**20  # large trees do work

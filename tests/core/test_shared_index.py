@@ -16,9 +16,7 @@ from racer_rs import EDGE_CELLS, Automaton, DraftTree, LogitsTable, build_draft_
 from tests.reference import ReferenceIndex, ancestor_mask, tree_paths
 
 settings.register_profile("fast", max_examples=25, deadline=None)
-settings.register_profile(
-    "ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 ALPHABET = 6
@@ -156,7 +154,9 @@ def test_the_source_check_rejects_a_fabricated_shared_node():
         check_sources(DraftTree(tree.tokens, tree.parents, cells), table, local, shared)
 
 
-@given(token_lists, responses, st.integers(2, 6), st.integers(0, ALPHABET - 1), st.integers(1, 60), st.integers(0, 2**16))
+@given(
+    token_lists, responses, st.integers(2, 6), st.integers(0, ALPHABET - 1), st.integers(1, 60), st.integers(0, 2**16)
+)
 def test_an_empty_shared_index_changes_nothing(context, corpus, ngram, next_token, capacity, seed):
     table = table_with_rows(seed)
     for scored in (False, True):
@@ -175,7 +175,9 @@ def test_an_empty_shared_index_changes_nothing(context, corpus, ngram, next_toke
     assert as_tuple(build_draft_tree(a, table, next_token, capacity, use_retrieval=False, shared=s)) == as_tuple(plain)
 
 
-@given(token_lists, responses, st.integers(2, 6), st.integers(0, ALPHABET - 1), st.integers(1, 60), st.integers(0, 2**16))
+@given(
+    token_lists, responses, st.integers(2, 6), st.integers(0, ALPHABET - 1), st.integers(1, 60), st.integers(0, 2**16)
+)
 def test_halving_keeps_the_local_part_and_adds_shared_continuations_before_the_logits(
     context, corpus, ngram, next_token, capacity, seed
 ):
@@ -198,7 +200,9 @@ def test_halving_keeps_the_local_part_and_adds_shared_continuations_before_the_l
     local_only = build_draft_tree(c, table, next_token, capacity, use_logits=False)
     merged_no_logits = build_draft_tree(c, table, next_token, capacity, use_logits=False, shared=s)
     shared_alone = s.retrieve(next_token, capacity, context=context[-ngram:])
-    union = set(tree_paths(local_only.tokens, local_only.parents)) | set(tree_paths(shared_alone.tokens, shared_alone.parents))
+    union = set(tree_paths(local_only.tokens, local_only.parents)) | set(
+        tree_paths(shared_alone.tokens, shared_alone.parents)
+    )
     got = set(tree_paths(merged_no_logits.tokens, merged_no_logits.parents))
     assert set(tree_paths(local_only.tokens, local_only.parents)) <= got <= union
     if len(local_only) == 1:  # nothing local: the shared retrieval alone, with shared cells
@@ -345,7 +349,7 @@ def test_concurrent_readers_and_a_writer_stay_consistent():
                 s.new_sequence()
                 written.append(i % len(pool))
                 i += 1
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     def reader(seed: int) -> None:
@@ -362,7 +366,7 @@ def test_concurrent_readers_and_a_writer_stay_consistent():
                     assert len(s.retrieve(next_token, 16, context=context)) <= 16
                 with lock:
                     results.append((context, tree))
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     writer_thread = threading.Thread(target=writer)
@@ -416,7 +420,7 @@ def test_two_automata_in_opposite_roles_do_not_deadlock():
         try:
             for i in range(5000):
                 build_draft_tree(request, table, int(r.integers(0, 8)), 24, scored=bool(i % 2), shared=shared)
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     def extender() -> None:
@@ -425,7 +429,7 @@ def test_two_automata_in_opposite_roles_do_not_deadlock():
             for _ in range(300):
                 a.extend(r.integers(0, 8, 80).astype(np.int32))
                 b.extend(r.integers(0, 8, 80).astype(np.int32))
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     threads = [

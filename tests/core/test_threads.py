@@ -30,7 +30,7 @@ def test_concurrent_extend_retrieve_and_build_keep_integrity():
                 a.extend(chunk)
                 with lock:
                     total += len(chunk)
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     def reader(seed: int) -> None:
@@ -40,7 +40,7 @@ def test_concurrent_extend_retrieve_and_build_keep_integrity():
                 tree = build_draft_tree(a, table, int(r.integers(0, 32)), 32)
                 assert 1 <= len(tree) <= 32
                 assert len(a.retrieve(int(r.integers(0, 32)), 16)) <= 16
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(3)]
@@ -131,7 +131,7 @@ def hammer_table(  # type: ignore[no-untyped-def]
                 table.update(tokens, ids, probs)
                 with lock:
                     written.update(tokens.tolist())
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     def reader(seed: int) -> None:
@@ -149,7 +149,7 @@ def hammer_table(  # type: ignore[no-untyped-def]
                 tree = table.expand(token, TABLE_K + 1)  # the root's row, read under one lock
                 if len(tree) > 1 and not _whole_ids(tree.tokens[1:]):
                     torn.append(f"expand({token}) children = {tree.tokens[1:].tolist()}")
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     writing_threads = [threading.Thread(target=writer, args=(i,)) for i in range(writers)]

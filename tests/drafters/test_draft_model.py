@@ -18,8 +18,8 @@ transformers = pytest.importorskip("transformers")
 import racer_rs  # noqa: E402
 from racer_rs.drafters.base import Drafter, RequestStart  # noqa: E402
 from racer_rs.drafters.draft_model import DraftModelDrafter  # noqa: E402
-from tests.stats import pvalue_of_array  # noqa: E402
 from tests.helpers import plain_greedy, seeded_llama  # noqa: E402
+from tests.stats import pvalue_of_array  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -137,7 +137,7 @@ class SharperSamplingDrafter(DraftModelDrafter):
     """Reports ``q`` but samples from a sharper distribution (temperature halved)."""
 
     def _pick(self, logits: torch.Tensor, sample: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        token, q = super()._pick(2.0 * logits, sample)
+        token, _ = super()._pick(2.0 * logits, sample)
         _, reported = super()._pick(logits, sample)
         return token, reported
 
@@ -216,7 +216,13 @@ def test_greedy_output_equals_plain_greedy(
     for prompt in PROMPTS:
         expected = plain_greedy(target, prompt, 40)
         result = racer_rs.generate(
-            target, prompt, method=method, max_new_tokens=40, draft_model=draft, canvas=canvas, capacity=6,
+            target,
+            prompt,
+            method=method,
+            max_new_tokens=40,
+            draft_model=draft,
+            canvas=canvas,
+            capacity=6,
             **METHOD_OPTIONS[variant],
         )
         assert result.tokens == expected
@@ -279,7 +285,13 @@ def third_token_sampling(drafter: Drafter, top_k: int, runs: int = 2000, **optio
     accepted = 0
     for seed in range(runs):
         result = racer_rs.generate(
-            target, prompt, max_new_tokens=4, temperature=temperature, top_k=top_k, seed=seed, drafter=drafter,
+            target,
+            prompt,
+            max_new_tokens=4,
+            temperature=temperature,
+            top_k=top_k,
+            seed=seed,
+            drafter=drafter,
             **options,
         )
         counts[result.tokens[2]] += 1

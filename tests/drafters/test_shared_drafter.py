@@ -82,7 +82,7 @@ def check_two_threads_share_safely(model: torch.nn.Module, drafter: Drafter) -> 
             for _ in range(REQUESTS_PER_THREAD):
                 result = racer_rs.generate(model, prompts[which], max_new_tokens=NEW_TOKENS, drafter=drafter)
                 outputs.append((which, result.tokens))
-        except BaseException as error:  # noqa: BLE001 - reported below
+        except BaseException as error:
             errors.append(error)
 
     threads = [threading.Thread(target=work, args=(which,)) for which in (0, 1)]
@@ -113,9 +113,7 @@ def test_concurrent_requests_draft_with_their_own_edge_calibration() -> None:
     drafter = make_drafter("racer_scored", model, persistent=True, min_score=0.05)
     context = np.asarray(REPEATING_PROMPT, dtype=np.int32)
     vocab = model.config.vocab_size
-    drafter.begin(
-        RequestStart(context, None, torch.zeros(vocab), vocab, torch.device("cpu"), torch.float32)
-    )
+    drafter.begin(RequestStart(context, None, torch.zeros(vocab), vocab, torch.device("cpu"), torch.float32))
     trust_all = np.full(racer_rs.EDGE_CELLS, 0.9, dtype=np.float32)
     trust_none = np.full(racer_rs.EDGE_CELLS, 0.01, dtype=np.float32)  # below min_score: root only
     expected = {
@@ -179,7 +177,7 @@ def check_second_thread_gets_a_clear_error(target: torch.nn.Module, drafter: Dra
             outcome["tokens"] = racer_rs.generate(
                 target, DRAFT_PROMPT, max_new_tokens=40, drafter=drafter, streamer=streamer
             ).tokens
-        except BaseException as error:  # noqa: BLE001 - reported below
+        except BaseException as error:
             outcome["error"] = error
 
     thread = threading.Thread(target=first)

@@ -141,7 +141,13 @@ def test_seeded_sampling_equals_plain_sampling(arctic: None, method: str) -> Non
         # The second run of a seed drafts from the first's answer in the global tree.
         for _ in range(2):
             result = racer_rs.generate(
-                model, REPEATING_PROMPT, drafter=drafter, max_new_tokens=NEW_TOKENS, temperature=1.0, top_p=0.9, seed=seed
+                model,
+                REPEATING_PROMPT,
+                drafter=drafter,
+                max_new_tokens=NEW_TOKENS,
+                temperature=1.0,
+                top_p=0.9,
+                seed=seed,
             )
             assert result.tokens == expected, seed
         mats.append(result.mat)
@@ -327,7 +333,9 @@ def test_a_failing_request_still_stops(arctic: None) -> None:
             pass
 
     with pytest.raises(RuntimeError, match="client went away"):
-        racer_rs.generate(_model("llama"), REPEATING_PROMPT, drafter=drafter, max_new_tokens=NEW_TOKENS, streamer=Failing())
+        racer_rs.generate(
+            _model("llama"), REPEATING_PROMPT, drafter=drafter, max_new_tokens=NEW_TOKENS, streamer=Failing()
+        )
     assert recorder.calls[-1] == ("stop", 0)
     assert not drafter.cache.active_requests
     # The drafter serves the next request normally (a fresh id).
@@ -379,7 +387,7 @@ def test_requests_of_two_threads_may_share_one_drafter(arctic: None) -> None:
                 result = racer_rs.generate(models[index], prompts[index], drafter=drafter, max_new_tokens=NEW_TOKENS)
                 assert result.tokens == expected[index]
             outputs[index] = result.tokens
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
@@ -432,13 +440,17 @@ def _without_arctic(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_missing_extra_is_one_line_naming_the_extra_and_the_commands(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+def test_missing_extra_is_one_line_naming_the_extra_and_the_commands(
+    monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
     _without_arctic(monkeypatch)
     with pytest.raises(MissingDependencyError) as info:
         make_drafter(method, None)
     message = str(info.value)
     assert "\n" not in message
-    assert f"method {method!r}" in message and "'suffix' extra" in message and "arctic_inference not installed" in message
+    assert (
+        f"method {method!r}" in message and "'suffix' extra" in message and "arctic_inference not installed" in message
+    )
     assert INSTALL in message
     assert "pip install --no-build-isolation --no-deps arctic-inference==" in INSTALL
 

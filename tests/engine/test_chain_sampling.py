@@ -37,14 +37,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from racer_rs import DraftTree  # noqa: E402
-from racer_rs.engine import acceptance  # noqa: E402
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart  # noqa: E402
+from racer_rs.engine import acceptance  # noqa: E402
 from racer_rs.engine.capacity import FixedCapacity  # noqa: E402
 from racer_rs.engine.decode_loop import DecodeLoop, DecodeState, Verification, Verified  # noqa: E402
 from racer_rs.engine.sampling import SamplingConfig, _inverse_cdf, chain_speculative_sample, process_logits  # noqa: E402
 from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
-from tests.stats import chi_square_pvalue  # noqa: E402
 from tests.helpers import tiny_model  # noqa: E402
+from tests.stats import chi_square_pvalue  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -263,7 +263,9 @@ def engine_run(monkeypatch: pytest.MonkeyPatch, loop_class: type[DecodeLoop]) ->
     monkeypatch.setattr(acceptance, "chain_speculative_sample", spy)
     verifier = TreeVerifier(model)
     generator = torch.Generator().manual_seed(5)
-    loop = loop_class(verifier, BigramChainDrafter(table), SamplingConfig(temperature=1.0), FixedCapacity(16), (), generator, None)
+    loop = loop_class(
+        verifier, BigramChainDrafter(table), SamplingConfig(temperature=1.0), FixedCapacity(16), (), generator, None
+    )
     run.state = loop.run(np.asarray(ENGINE_PROMPT, dtype=np.int32), max_new_tokens=40)
     return run
 

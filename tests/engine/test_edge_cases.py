@@ -32,7 +32,7 @@ def _eos_inside_a_step(model: torch.nn.Module) -> tuple[list[int], int, int]:
     path), and that step's number."""
     result = racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=60)
     tokens = result.tokens
-    for step, (position, length) in enumerate(zip(result.positions, result.accepted_lengths)):
+    for step, (position, length) in enumerate(zip(result.positions, result.accepted_lengths, strict=False)):
         if length >= 3 and tokens.index(tokens[position + 1]) == position + 1:
             return tokens, position + 1, step
     raise AssertionError("no suitable multi-token step; the test model is not repetitive enough")

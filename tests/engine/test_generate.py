@@ -79,7 +79,8 @@ def test_result_contract(method: str) -> None:
     assert result.steps == len(result.accepted_lengths) == len(result.positions)
     assert result.mat == pytest.approx(NEW_TOKENS / result.steps)
     assert result.positions[0] == 0
-    assert all(b - a == n for a, b, n in zip(result.positions, result.positions[1:], result.accepted_lengths))
+    steps = zip(result.positions, result.positions[1:], result.accepted_lengths, strict=False)
+    assert all(b - a == n for a, b, n in steps)
     assert {"prefill", "draft", "verify", "bookkeeping", "total"} <= set(result.timings)
     assert result.timings["forward"] <= result.timings["verify"] <= result.timings["total"]
     if method == "ar":
@@ -190,7 +191,7 @@ def _reference_prompts(limit: int) -> list[str]:
     if not path.is_file():
         pytest.skip(f"{path} is absent (set RACER_SHARED_DIR to the shared folder)")
     with path.open() as handle:
-        rows = [json.loads(line) for line, _ in zip(handle, range(limit))]
+        rows = [json.loads(line) for line, _ in zip(handle, range(limit), strict=False)]
     return [row["turns"][0] for row in rows]
 
 

@@ -84,9 +84,7 @@ def divergences(model: torch.nn.Module, prompt: list[int], tokens: list[int]) ->
     return found
 
 
-def check_parts_only_at_near_ties(
-    model: torch.nn.Module, prompt: list[int], method: str
-) -> racer_rs.GenerationResult:
+def check_parts_only_at_near_ties(model: torch.nn.Module, prompt: list[int], method: str) -> racer_rs.GenerationResult:
     """Generate greedily with ``method``; every divergence from the plain loop must be a near-tie."""
     result = racer_rs.generate(model, prompt, method=method, max_new_tokens=NEW_TOKENS)
     assert len(result.tokens) == NEW_TOKENS
@@ -106,9 +104,7 @@ def half_model(family: str, dtype: torch.dtype) -> torch.nn.Module:
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bfloat16", "float16"])
-def test_half_precision_greedy_parts_from_the_plain_loop_only_at_near_ties(
-    dtype: torch.dtype, family: str
-) -> None:
+def test_half_precision_greedy_parts_from_the_plain_loop_only_at_near_ties(dtype: torch.dtype, family: str) -> None:
     model = half_model(family, dtype)
     assert model.dtype == dtype
     accepted = []

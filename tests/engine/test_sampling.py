@@ -42,8 +42,8 @@ from racer_rs.engine.sampling import (  # noqa: E402
     sample_position,
 )
 from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
-from tests.stats import chi_square_pvalue  # noqa: E402
 from tests.helpers import REPEATING_PROMPT, plain_sampling, tiny_model  # noqa: E402
+from tests.stats import chi_square_pvalue  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -55,10 +55,12 @@ ALPHA = 1e-3  # lossless runs must not be rejected at this level; lossy ones mus
 
 
 @torch.inference_mode()
-def exact_first_tokens(model: torch.nn.Module, prompt: list[int], config: SamplingConfig) -> dict[tuple[int, ...], float]:
+def exact_first_tokens(
+    model: torch.nn.Module, prompt: list[int], config: SamplingConfig
+) -> dict[tuple[int, ...], float]:
     """Exact joint distribution of the first ``FIRST`` sampled tokens (by enumeration)."""
     first = process_logits(model(input_ids=torch.tensor([prompt])).logits[0, -1], config).softmax(-1)
-    batch = torch.tensor([prompt + [t] for t in range(VOCAB)])
+    batch = torch.tensor([[*prompt, t] for t in range(VOCAB)])
     second = process_logits(model(input_ids=batch).logits[:, -1], config).softmax(-1)
     joint = first[:, None] * second
     return {(a, b): float(joint[a, b]) for a in range(VOCAB) for b in range(VOCAB) if joint[a, b] > 0}
@@ -255,7 +257,11 @@ def _node_samples(logits: torch.Tensor, config: SamplingConfig, honour_validity:
 
 @pytest.mark.parametrize(
     "config",
-    [SamplingConfig(temperature=0.9), SamplingConfig(temperature=1.0, top_p=0.7), SamplingConfig(temperature=1.2, top_k=4, top_p=0.9)],
+    [
+        SamplingConfig(temperature=0.9),
+        SamplingConfig(temperature=1.0, top_p=0.7),
+        SamplingConfig(temperature=1.2, top_k=4, top_p=0.9),
+    ],
 )
 def test_per_node_sampler_matches_processed_distribution(config: SamplingConfig) -> None:
     row = torch.randn(VOCAB, generator=torch.Generator().manual_seed(2)) * 2

@@ -140,7 +140,9 @@ def decode_checking_the_cache(
     context after every step; returns the number of steps that gathered drafted rows."""
     drafter = make_drafter("racer", model)
     generator = torch.Generator().manual_seed(0)
-    loop = DecodeLoop(verifier, drafter, SamplingConfig(temperature=temperature), FixedCapacity(16), (), generator, None)
+    loop = DecodeLoop(
+        verifier, drafter, SamplingConfig(temperature=temperature), FixedCapacity(16), (), generator, None
+    )
     state = loop.prefill(np.asarray(REPEATING_PROMPT, dtype=np.int32), max_new_tokens=new_tokens)
     while not state.finished:
         loop.step(state)

@@ -16,14 +16,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import racer_rs  # noqa: E402
+
 pytest.importorskip("gguf")
 
-from racer_rs import optional_deps
-from racer_rs.loading import gguf_cache
-from racer_rs.loading import models as model_loading  # noqa: E402
+from racer_rs import optional_deps  # noqa: E402
 from racer_rs.cli import main  # noqa: E402
-from racer_rs.optional_deps import MissingDependencyError  # noqa: E402
+from racer_rs.loading import gguf_cache  # noqa: E402
+from racer_rs.loading import models as model_loading  # noqa: E402
 from racer_rs.loading.models import ModelSpecError, load_model, resolve_model  # noqa: E402
+from racer_rs.optional_deps import MissingDependencyError  # noqa: E402
 from tests.gguf_models import CHAT_TEMPLATE, write_tiny_gguf  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -341,7 +342,9 @@ def _hide(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
 
 def test_a_first_gguf_load_without_the_gguf_extra_names_the_extra(gguf_file, monkeypatch, converter):
     _hide(monkeypatch, "gguf")
-    with pytest.raises(MissingDependencyError, match=r"needs the 'gguf' extra \(gguf not installed\).*racer-rs\[gguf\]"):
+    with pytest.raises(
+        MissingDependencyError, match=r"needs the 'gguf' extra \(gguf not installed\).*racer-rs\[gguf\]"
+    ):
         load_model(str(gguf_file[0]))
     assert converter.calls == 0
 

@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from racer_rs.cli import main  # noqa: E402
-from tests.cli_models import write_tiny_model  # noqa: E402
 from tests.cli.test_cli import assert_one_line_error, run_cli  # noqa: E402
+from tests.cli_models import write_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -101,12 +101,14 @@ def test_generate_with_an_undistilled_self_draft(tiny_model, capsys) -> None:
     assert stdout == expected
 
 
-def test_bench_runs_hf_assisted_and_draft_methods_with_a_self_draft(tiny_model, checkpoint, data_file, tmp_path, capsys):
+def test_bench_runs_hf_assisted_and_draft_methods_with_a_self_draft(
+    tiny_model, checkpoint, data_file, tmp_path, capsys
+):
     out = tmp_path / "bench"
     argv = [
         "bench", "--model", str(tiny_model), "--data", str(data_file), "--max-new-tokens", "8", "--warmup", "0",
-        "--device", "cpu", "--dtype", "float32", "--out", str(out), "--no-plots", "--methods", "draft_model,tts,hf_assisted",
-        "--draft-model", str(checkpoint),
+        "--device", "cpu", "--dtype", "float32", "--out", str(out), "--no-plots",
+        "--methods", "draft_model,tts,hf_assisted", "--draft-model", str(checkpoint),
     ]  # fmt: skip
     code, _, stderr = run_cli(capsys, *argv)
     assert code == 0, stderr
@@ -190,7 +192,9 @@ def test_bad_distill_arguments_are_one_line_errors(tiny_model, data_file, tmp_pa
     assert_one_line_error(code, err, fragment)
 
 
-def test_distill_output_and_data_errors_are_one_line_errors(tiny_model, data_file, checkpoint, tmp_path, capsys) -> None:
+def test_distill_output_and_data_errors_are_one_line_errors(
+    tiny_model, data_file, checkpoint, tmp_path, capsys
+) -> None:
     (tmp_path / "file").write_text("x")
     code, _, err = run_cli(capsys, *distill_args(tiny_model, data_file, tmp_path / "file"))
     assert_one_line_error(code, err, "--out", "not a folder")
@@ -200,7 +204,9 @@ def test_distill_output_and_data_errors_are_one_line_errors(tiny_model, data_fil
     assert_one_line_error(code, err, "--out", "not empty")
     code, _, err = run_cli(capsys, *distill_args(tiny_model, tmp_path / "absent.jsonl", tmp_path / "out"))
     assert_one_line_error(code, err, "data file not found")
-    code, _, err = run_cli(capsys, *distill_args(tiny_model, data_file, tmp_path / "out2", "--model", str(tmp_path / "none")))
+    code, _, err = run_cli(
+        capsys, *distill_args(tiny_model, data_file, tmp_path / "out2", "--model", str(tmp_path / "none"))
+    )
     assert_one_line_error(code, err, "--model: model not found")
     # An existing distillation with other settings: refused, not overwritten.
     code, _, err = run_cli(capsys, *distill_args(tiny_model, data_file, checkpoint, "--vocab", "32"))

@@ -19,6 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from racer_rs.selfdraft.checkpoint import DraftCheckpointError, load_self_draft, save_self_draft  # noqa: E402
 from racer_rs.selfdraft.distillation import DistillError, DistillSettings, distill_self_draft  # noqa: E402
 from racer_rs.selfdraft.distillation.data import generate_shard  # noqa: E402
 from racer_rs.selfdraft.distillation.training import (  # noqa: E402
@@ -29,14 +30,13 @@ from racer_rs.selfdraft.distillation.training import (  # noqa: E402
     train_step,
     trainable_parameters,
 )
-from racer_rs.selfdraft.checkpoint import DraftCheckpointError, load_self_draft, save_self_draft  # noqa: E402
 from racer_rs.selfdraft.model import self_draft  # noqa: E402
 from tests.selfdraft.test_self_draft import deep_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 VOCAB = 96
-KEPT = list(range(0, VOCAB, 2)) + [1]
+KEPT = [*list(range(0, VOCAB, 2)), 1]
 IDS = [3, 17, 42, 8, 55, 3, 17, 9]
 
 
@@ -95,7 +95,7 @@ def test_missing_checkpoint_is_refused(target, tmp_path) -> None:
     with pytest.raises(DraftCheckpointError, match="not found"):
         load_self_draft(target, tmp_path / "absent")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DraftCheckpointError, match="no manifest.json"):
+    with pytest.raises(DraftCheckpointError, match=r"no manifest\.json"):
         load_self_draft(target, tmp_path / "empty")
 
 
@@ -126,7 +126,9 @@ def test_edited_weights_are_refused(target, tmp_path) -> None:
         load_self_draft(target, tmp_path / "ckpt")
 
 
-@pytest.mark.parametrize("content", ["{not json", '{"format": "other"}', '{"format": "racer-self-draft", "version": 9}'])
+@pytest.mark.parametrize(
+    "content", ["{not json", '{"format": "other"}', '{"format": "racer-self-draft", "version": 9}']
+)
 def test_corrupt_manifest_is_refused(target, tmp_path, content) -> None:
     save_self_draft(trained_draft(target), target, tmp_path / "ckpt", target_name="tiny")
     (tmp_path / "ckpt" / "manifest.json").write_text(content)
@@ -136,7 +138,7 @@ def test_corrupt_manifest_is_refused(target, tmp_path, content) -> None:
 
 def test_another_architecture_is_refused(target, tmp_path) -> None:
     save_self_draft(trained_draft(target), target, tmp_path / "ckpt", target_name="tiny")
-    with pytest.raises(DraftCheckpointError, match="num_hidden_layers=4.*the target has num_hidden_layers=3"):
+    with pytest.raises(DraftCheckpointError, match=r"num_hidden_layers=4.*the target has num_hidden_layers=3"):
         load_self_draft(deep_llama(layers=3), tmp_path / "ckpt")
 
 
@@ -201,11 +203,15 @@ def test_left_padded_generation_matches_unpadded_forwards(target) -> None:
 
 
 def test_generation_stops_at_the_end_of_sequence_token(target) -> None:
-    free = generate_shard(target, prompts(2), new_tokens=12, temperature=0.0, top_p=1.0, teacher_top_k=4, eos_token_ids=[], seed=0)
+    free = generate_shard(
+        target, prompts(2), new_tokens=12, temperature=0.0, top_p=1.0, teacher_top_k=4, eos_token_ids=[], seed=0
+    )
     first = next(free.samples())
     eos = int(first.ids[first.prompt_length + 3])
     cut = next(
-        generate_shard(target, prompts(2), new_tokens=12, temperature=0.0, top_p=1.0, teacher_top_k=4, eos_token_ids=[eos], seed=0).samples()
+        generate_shard(
+            target, prompts(2), new_tokens=12, temperature=0.0, top_p=1.0, teacher_top_k=4, eos_token_ids=[eos], seed=0
+        ).samples()
     )
     generated = first.ids[first.prompt_length :].tolist()
     assert cut.ids[cut.prompt_length :].tolist() == generated[: generated.index(eos) + 1]
@@ -310,7 +316,7 @@ def test_an_interrupted_training_phase_resumes_from_its_saved_steps(target, tmp_
     assert first["adam_step"] == saved["steps"]
     for name, value in saved["params"].items():
         torch.testing.assert_close(first["params"][name], value, rtol=0, atol=0)
-    assert lines[0].startswith(f"resuming: ") and f"and {saved['steps']} training step(s) done" in lines[0]
+    assert lines[0].startswith("resuming: ") and f"and {saved['steps']} training step(s) done" in lines[0]
     assert not any(line.startswith("eval: undistilled") for line in lines)  # measured once, kept
     assert result.steps > saved["steps"]
     load_self_draft(target, out)
@@ -320,9 +326,9 @@ def test_resuming_with_other_settings_or_another_target_is_refused(target, tmp_p
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
         run(target, out, Interrupt("data: shard 2"))
-    with pytest.raises(DistillError, match="other settings.*layers"):
+    with pytest.raises(DistillError, match=r"other settings.*layers"):
         run(target, out, layers=1)
-    with pytest.raises(DistillError, match="other settings.*vocab"):
+    with pytest.raises(DistillError, match=r"other settings.*vocab"):
         run(target, out, vocab=30)
     with pytest.raises(DistillError, match="another target"):
         run(deep_llama(seed=3), out)

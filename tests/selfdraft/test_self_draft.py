@@ -19,8 +19,8 @@ transformers = pytest.importorskip("transformers")
 import racer_rs  # noqa: E402
 from racer_rs.drafters.draft_model import DraftModelDrafter  # noqa: E402
 from racer_rs.selfdraft.model import ReducedHead, self_draft  # noqa: E402
-from tests.stats import pvalue_of_array  # noqa: E402
 from tests.helpers import plain_greedy, seeded_llama, tiny_model  # noqa: E402
+from tests.stats import pvalue_of_array  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -59,7 +59,7 @@ def logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 
 IDS = [3, 17, 42, 8, 55, 3, 17, 9]
-KEPT = list(range(0, VOCAB, 2)) + [1, 5]  # about half the vocabulary
+KEPT = [*range(0, VOCAB, 2), 1, 5]  # about half the vocabulary
 
 
 # --- structure --------------------------------------------------------------------------------
@@ -107,8 +107,8 @@ def test_embedding_and_head_are_shared_and_layers_are_copies(target) -> None:
     draft = self_draft(target, 2, vocab=KEPT)
     assert draft.model.embed_tokens is target.model.embed_tokens
     assert draft.lm_head.head is target.lm_head
-    for mine, theirs in zip(draft.model.layers, target.model.layers[:2]):
-        for a, b in zip(mine.parameters(), theirs.parameters()):
+    for mine, theirs in zip(draft.model.layers, target.model.layers[:2], strict=False):
+        for a, b in zip(mine.parameters(), theirs.parameters(), strict=False):
             assert a.data_ptr() != b.data_ptr()
     assert draft.model.norm.weight.data_ptr() != target.model.norm.weight.data_ptr()
 
@@ -180,7 +180,13 @@ def test_greedy_output_equals_plain_greedy(target, variant: str, vocab) -> None:
     for prompt in PROMPTS:
         expected = plain_greedy(target, prompt, 40)
         result = racer_rs.generate(
-            target, prompt, method=method, max_new_tokens=40, draft_model=draft, canvas=4, capacity=8,
+            target,
+            prompt,
+            method=method,
+            max_new_tokens=40,
+            draft_model=draft,
+            canvas=4,
+            capacity=8,
             **METHODS[variant],
         )
         assert result.tokens == expected
@@ -269,7 +275,9 @@ def third_token_pvalue(drafter) -> tuple[float, int]:
     counts = np.zeros(SMALL_VOCAB, dtype=np.int64)
     accepted = 0
     for seed in range(runs):
-        result = racer_rs.generate(target, prompt, max_new_tokens=4, temperature=temperature, seed=seed, drafter=drafter)
+        result = racer_rs.generate(
+            target, prompt, max_new_tokens=4, temperature=temperature, seed=seed, drafter=drafter
+        )
         counts[result.tokens[2]] += 1
         accepted += result.steps < 4
     return pvalue_of_array(counts, expected), accepted

@@ -24,7 +24,12 @@ def test_a_reduced_self_draft_decodes_exactly_like_plain_greedy(smollm2, prompts
     draft = racer_rs.self_draft(model, 4, vocab=KEPT)
     for name, ids in prompts.items():
         result = racer_rs.generate(
-            model, ids, method=method, draft_model=draft, canvas=3, max_new_tokens=NEW_TOKENS,
+            model,
+            ids,
+            method=method,
+            draft_model=draft,
+            canvas=3,
+            max_new_tokens=NEW_TOKENS,
             eos_token_id=tokenizer.eos_token_id,
         )
         assert result.tokens == plain[name], name

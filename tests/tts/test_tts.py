@@ -14,6 +14,9 @@ transformers = pytest.importorskip("transformers")
 import racer_rs  # noqa: E402
 from racer_rs.drafters.racer_tts import RacerTTSDrafter, chain_nodes  # noqa: E402
 from racer_rs.drafters.tts import TTSDrafter  # noqa: E402
+from racer_rs.engine import generation  # noqa: E402
+from racer_rs.engine.decode_loop import DecodeLoop  # noqa: E402
+from racer_rs.engine.sampling import SamplingConfig, resample_node  # noqa: E402
 from racer_rs.tts.online_loss import (  # noqa: E402
     Canvas,
     DistillConfig,
@@ -25,9 +28,6 @@ from racer_rs.tts.online_loss import (  # noqa: E402
     trainable_parameter_names,
 )
 from racer_rs.tts.update_worker import THREAD_NAME_PREFIX, UpdateWorker  # noqa: E402
-from racer_rs.engine import generation  # noqa: E402
-from racer_rs.engine.decode_loop import DecodeLoop  # noqa: E402
-from racer_rs.engine.sampling import SamplingConfig, resample_node  # noqa: E402
 from tests.helpers import plain_greedy, plain_sampling, seeded_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -370,7 +370,7 @@ def serving_equals(drafter: TTSDrafter, other: torch.nn.Module) -> bool:
 
 @pytest.mark.parametrize("asynchronous", [False, True])
 @pytest.mark.parametrize("update_every", [1, 3])
-def test_updates_are_published_at_round_boundaries(pair, asynchronous: bool, update_every: int) -> None:  # type: ignore[no-untyped-def]  # noqa: E501
+def test_updates_are_published_at_round_boundaries(pair, asynchronous: bool, update_every: int) -> None:  # type: ignore[no-untyped-def]
     target, draft = pair
     drafter = RecordingTTS(
         target, draft_model=draft, canvas=3, update_every=update_every, lr=1e-2, asynchronous=asynchronous
@@ -380,13 +380,11 @@ def test_updates_are_published_at_round_boundaries(pair, asynchronous: bool, upd
     # A round that ends the request trains nothing; a final step that only commits its root
     # (no draft, no verification) is not a round.
     last_round_finished = rounds == result.steps
-    boundaries = [
-        r for r in range(update_every, rounds + 1, update_every) if r < rounds or not last_round_finished
-    ]
+    boundaries = [r for r in range(update_every, rounds + 1, update_every) if r < rounds or not last_round_finished]
     assert result.extras["tts_submitted"] == len(boundaries) > 0
     if asynchronous:
         # Update k is published at boundary k+1; the last one when the request ends.
-        assert drafter.published_at == boundaries[1:] + [rounds]
+        assert drafter.published_at == [*boundaries[1:], rounds]
     else:
         assert drafter.published_at == boundaries
     assert result.extras["tts_updates"] == len(boundaries)  # none lost, none applied twice
@@ -455,8 +453,16 @@ def test_racer_tts_greedy_output_equals_plain_greedy(pair, options: dict) -> Non
     for prompt in (PROMPT, [9, 9, 9, 4, 9, 9, 9, 4, 9]):
         expected = plain_greedy(target, prompt, 48)  # the independent loop, not the engine's ar
         result = racer_rs.generate(
-            target, prompt, method="racer_tts", max_new_tokens=48, draft_model=draft, canvas=4, capacity=capacity,
-            update_every=1, lr=1e-2, **options,
+            target,
+            prompt,
+            method="racer_tts",
+            max_new_tokens=48,
+            draft_model=draft,
+            canvas=4,
+            capacity=capacity,
+            update_every=1,
+            lr=1e-2,
+            **options,
         )
         assert result.tokens == expected
         assert result.mat > 1.0
@@ -483,8 +489,19 @@ def racer_tts_sampled_equals_plain_sampling(pair) -> list[bool]:  # type: ignore
     for seed in range(3):
         expected = plain_sampling(target, PROMPT, 40, config, seed)
         result = racer_rs.generate(
-            target, PROMPT, method="racer_tts", max_new_tokens=40, temperature=0.5, top_p=0.95, seed=seed,
-            draft_model=draft, canvas=4, capacity=16, update_every=1, lr=1e-2, asynchronous=False,
+            target,
+            PROMPT,
+            method="racer_tts",
+            max_new_tokens=40,
+            temperature=0.5,
+            top_p=0.95,
+            seed=seed,
+            draft_model=draft,
+            canvas=4,
+            capacity=16,
+            update_every=1,
+            lr=1e-2,
+            asynchronous=False,
         )
         assert result.mat > 1.2 and result.extras["tts_updates"] > 0
         same.append(result.tokens == expected)

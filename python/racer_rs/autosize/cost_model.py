@@ -62,7 +62,11 @@ def measure_forward_cost(
     prompt = np.random.default_rng(seed).integers(0, vocab, size=context, dtype=np.int64).astype(np.int32)
     verifier.prefill(prompt)
     trees = {int(n): synthetic_tree(int(n), vocab) for n in sizes}
-    synchronize = torch.cuda.synchronize if verifier.device.type == "cuda" else (lambda: None)
+
+    def synchronize() -> None:
+        if verifier.device.type == "cuda":
+            torch.cuda.synchronize(verifier.device)
+
     samples: dict[int, list[float]] = {n: [] for n in trees}
     order = list(trees)
     for round_index in range(rounds + 1):
@@ -136,7 +140,8 @@ class CostModel:
         short = np.interp(n, self.sizes, self.curve_short)
         long = np.interp(n, self.sizes, self.curve_long)
         weight = (context - self.short) / (self.long - self.short)
-        return np.maximum(short + weight * (long - short), 1e-6)
+        seconds: np.ndarray = np.maximum(short + weight * (long - short), 1e-6)
+        return seconds
 
     def forward_seconds(self, n: np.ndarray, context: int) -> np.ndarray:
         """Predicted forward seconds for tree sizes ``n`` at ``context`` tokens.
@@ -147,7 +152,8 @@ class CostModel:
         n = np.asarray(n, dtype=np.float64)
         default = float(np.mean(list(self.factors.values()))) if self.factors else 1.0
         factor = np.asarray([self.factors.get(_bucket(int(k)), default) for k in n.ravel()]).reshape(n.shape)
-        return self.measured_seconds(n, context) * factor
+        seconds: np.ndarray = self.measured_seconds(n, context) * factor
+        return seconds
 
     def step_seconds(self, n: np.ndarray, context: int) -> np.ndarray:
         """Predicted seconds of a whole decode step verifying ``n`` tree tokens."""
@@ -178,7 +184,7 @@ class CostModel:
             ValueError: a malformed state.
         """
         try:
-            seconds = {int(k): [float(x) for x in v] for k, v in state["seconds"].items()}
+            seconds: dict[int, Sequence[float]] = {int(k): [float(x) for x in v] for k, v in state["seconds"].items()}
             factors = {int(k): float(v) for k, v in state.get("factors", {}).items()}
             if not all(np.isfinite(v) and v > 0 for v in factors.values()):
                 raise InvalidArgumentError("correction factors must be positive")
@@ -193,7 +199,8 @@ class CostModel:
 
     def curve_ms(self, context: int) -> dict[int, float]:
         """The corrected forward cost per measured size, in milliseconds (for reports)."""
-        return {int(n): round(1000 * float(t), 3) for n, t in zip(self.sizes, self.forward_seconds(self.sizes, context))}
+        seconds = self.forward_seconds(self.sizes, context)
+        return {int(n): round(1000 * float(t), 3) for n, t in zip(self.sizes, seconds, strict=True)}
 
 
 def measure_cost_model(model: Any, max_size: int, rounds: int = 3) -> CostModel:

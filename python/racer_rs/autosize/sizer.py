@@ -18,6 +18,7 @@ warm-starts each request.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from racer_rs._io import write_text_atomically
 from racer_rs._native import DraftTree
 from racer_rs.autosize.calibration import EdgeCalibration, path_probabilities
-from racer_rs._io import write_text_atomically
 from racer_rs.autosize.cost_model import CostModel, measure_cost_model
 
 #: Cached-state format; files of another format are measured again.
@@ -130,7 +131,9 @@ class TreeSizer:
         n = best_prefix_size(corrected, steps)
         if n == 1 and limit > 1 and self.unverified_steps >= EXPLORE_AFTER:
             n = 2
-        return SizeChoice(np.sort(order[:n]), 1.0 + float(corrected[: n - 1].sum()), float(probabilities[order[1:n]].sum()))
+        return SizeChoice(
+            np.sort(order[:n]), 1.0 + float(corrected[: n - 1].sum()), float(probabilities[order[1:n]].sum())
+        )
 
     def observe(
         self,
@@ -286,10 +289,8 @@ def load_calibration(key: str) -> EdgeCalibration:
         stored = _read_json(_state_dir("calibration") / f"{key}.json")
         state = stored.get("calibration") if stored else None
     if state is not None:
-        try:
+        with contextlib.suppress(ValueError, KeyError, TypeError):  # a damaged state: the priors
             calibration.load(state)
-        except (ValueError, KeyError, TypeError):
-            pass  # a damaged state: start from the priors
     return calibration
 
 

@@ -19,6 +19,7 @@ import itertools
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
 from racer_rs.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -60,8 +61,8 @@ def accepted_lengths(starts: Sequence[int], prompt_length: int, new_tokens: int)
         return []
     if not decode:
         return [1] * new_tokens  # one token, from the prefill alone
-    ends = decode[1:] + [prompt_length + new_tokens - 1]
-    lengths = [end - start for start, end in zip(decode, ends)] + [1]
+    ends = [*decode[1:], prompt_length + new_tokens - 1]
+    lengths = [end - start for start, end in zip(decode, ends, strict=False)] + [1]
     if any(length < 1 for length in lengths) or sum(lengths) != new_tokens:
         return []
     return lengths

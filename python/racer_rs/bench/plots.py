@@ -31,7 +31,7 @@ def _bar_chart(summary: dict[str, Any], methods: Sequence[str], key: str, title:
     figure, axes = plt.subplots(
         len(settings), 1, figsize=(max(7.5, 2.4 * len(methods)), 3.6 * len(settings)), squeeze=False
     )
-    for axis, setting in zip(axes[:, 0], settings):
+    for axis, setting in zip(axes[:, 0], settings, strict=False):
         categories = list(summary[setting])
         width = 0.8 / len(methods)
         for offset, method in enumerate(methods):
@@ -64,7 +64,7 @@ def _acceptance_curves(
             for record in records:
                 if record.setting != setting or record.method != method:
                     continue
-                for position, accepted in zip(record.positions, record.accepted_lengths):
+                for position, accepted in zip(record.positions, record.accepted_lengths, strict=False):
                     totals = sums.setdefault(position // bucket, [0.0, 0.0])
                     totals[0] += accepted
                     totals[1] += 1
@@ -81,7 +81,7 @@ def _acceptance_plot(records: Sequence[Record], methods: Sequence[str], bucket: 
     plt = _pyplot()
     curves = _acceptance_curves(records, methods, bucket)
     figure, axes = plt.subplots(len(curves), 1, figsize=(9.0, 3.6 * len(curves)), squeeze=False)
-    for axis, (setting, per_method) in zip(axes[:, 0], curves.items()):
+    for axis, (setting, per_method) in zip(axes[:, 0], curves.items(), strict=False):
         for method, (xs, ys) in per_method.items():
             axis.plot(xs, ys, marker="o", markersize=3, label=method)
         axis.set_title(f"acceptance length vs generation position ({setting}, {bucket}-token buckets)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
 from racer_rs.errors import InvalidArgumentError
 
 SYSTEM_MESSAGE = "You are a helpful assistant."

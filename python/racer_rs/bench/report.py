@@ -59,7 +59,7 @@ def summarise(records: Sequence[Record], methods: Sequence[str]) -> dict[str, An
     summary: dict[str, Any] = {}
     for setting in dict.fromkeys(r.setting for r in records):
         in_setting = [r for r in records if r.setting == setting]
-        categories = list(dict.fromkeys(r.category for r in in_setting)) + [OVERALL]
+        categories = [*list(dict.fromkeys(r.category for r in in_setting)), OVERALL]
         per_category: dict[str, Any] = {}
         for category in categories:
             rows = [r for r in in_setting if category in (OVERALL, r.category)]
@@ -122,7 +122,7 @@ def _render_rows(rows: Sequence[Sequence[str]]) -> list[str]:
     lines = []
     for row in rows:
         cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
-        cells += [cell.rjust(width) for cell, width in zip(row[2:], widths[2:])]
+        cells += [cell.rjust(width) for cell, width in zip(row[2:], widths[2:], strict=False)]
         lines.append("  ".join(cells).rstrip())
     lines.insert(1, "  ".join("-" * width for width in widths))
     return lines
@@ -176,9 +176,7 @@ def _record_dict(record: Record) -> dict[str, Any]:
     return {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name != "prompt_ids"}
 
 
-def build_report(
-    config: dict[str, Any], records: Sequence[Record], summary: dict[str, Any]
-) -> dict[str, Any]:
+def build_report(config: dict[str, Any], records: Sequence[Record], summary: dict[str, Any]) -> dict[str, Any]:
     """Assemble the JSON report (schema version :data:`SCHEMA_VERSION`)."""
     mismatches = mismatched_records(records)
     report: dict[str, Any] = _json_safe(

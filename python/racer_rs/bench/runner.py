@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from racer_rs.bench.prompts import Question
-from racer_rs.bench.prompting import encode_conversation, encode_text
-from racer_rs.bench.hf_peers import PEERS
 from racer_rs._validate import capacity as capacity_rule
+from racer_rs.bench.hf_peers import PEERS
+from racer_rs.bench.prompting import encode_conversation, encode_text
+from racer_rs.bench.prompts import Question
 from racer_rs.errors import InvalidArgumentError, error_context
 
 #: New-token cap of a warm-up run.
@@ -145,7 +145,7 @@ PhaseHook = Callable[[str], None]
 
 def first_difference(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
     """Index of the first position where two token lists differ (a length difference counts)."""
-    for index, (a, b) in enumerate(zip(tokens, reference)):
+    for index, (a, b) in enumerate(zip(tokens, reference, strict=False)):
         if a != b:
             return index
     if len(tokens) != len(reference):
@@ -304,12 +304,19 @@ class BenchmarkRunner:
         start = time.perf_counter()
         with error_context(f"{question.source}:{question.line}: method {label}"):
             if method in PEERS:
-                result = self._peer(self.model, prompt, method=method, assistant_model=self.config.draft_model, **common)
+                result = self._peer(
+                    self.model, prompt, method=method, assistant_model=self.config.draft_model, **common
+                )
             else:
                 capacity = parse_capacity(own_capacity) if own_capacity else self.config.capacity
                 result = self._generate(
-                    self.model, prompt, method=method, capacity=capacity, max_capacity=self.config.max_capacity,
-                    drafter=drafter, **common,
+                    self.model,
+                    prompt,
+                    method=method,
+                    capacity=capacity,
+                    max_capacity=self.config.max_capacity,
+                    drafter=drafter,
+                    **common,
                 )
         self._synchronize()
         return result, time.perf_counter() - start
@@ -329,10 +336,7 @@ class BenchmarkRunner:
         records = []
         for turn in range(len(question.turns)):
             prompt = self._encode(question, turn, answers)
-            runs = [
-                self._call(prompt, method, setting, drafter, seed, question)
-                for _ in range(self.config.repeat)
-            ]
+            runs = [self._call(prompt, method, setting, drafter, seed, question) for _ in range(self.config.repeat)]
             walls = [wall for _, wall in runs]
             # Report the run with the median wall time (the lower one for an even count), so
             # that its prefill and decode split belong to the same run.

@@ -16,16 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from racer_rs.cli import common
+from racer_rs.bench.hf_peers import PEERS
 from racer_rs.bench.prompts import load_benchmark
-from racer_rs.cli.errors import EXIT_MISMATCH, CLIError
-from racer_rs.cli.options import parse_options
-from racer_rs.loading.models import eos_token_ids
 from racer_rs.bench.report import build_report, format_table, mismatched_records, summarise, write_json
-from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
 from racer_rs.bench.runner import (
     LEARNS_ACROSS_REQUESTS,
-    PEERS,
     BenchConfig,
     BenchmarkRunner,
     Record,
@@ -33,10 +28,23 @@ from racer_rs.bench.runner import (
     parse_capacity,
     split_label,
 )
+from racer_rs.cli import common
+from racer_rs.cli.errors import EXIT_MISMATCH, CLIError
+from racer_rs.cli.options import parse_options
+from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
+from racer_rs.loading.models import eos_token_ids
 
 #: ``suffix`` runs by default only where arctic-inference (the ``suffix`` extra) is installed.
 DEFAULT_METHODS = (
-    "ar", "hf", "hf_pld", "pld", "token_recycling", "suffix", "racer", "racer_scored", "racer_scored@auto"
+    "ar",
+    "hf",
+    "hf_pld",
+    "pld",
+    "token_recycling",
+    "suffix",
+    "racer",
+    "racer_scored",
+    "racer_scored@auto",
 )
 DEFAULT_LIMIT = 1
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -93,9 +101,7 @@ def add_parser(subparsers: Any) -> None:
         default=list(DEFAULT_TEMPERATURES),
         help="one or more settings, run in turn; 0 = greedy (default: 0.8 0)",
     )
-    parser.add_argument(
-        "--top-p", type=common.probability, default=DEFAULT_TOP_P, help="for sampling settings"
-    )
+    parser.add_argument("--top-p", type=common.probability, default=DEFAULT_TOP_P, help="for sampling settings")
     parser.add_argument("--top-k", type=common.non_negative_int, default=0, help="for sampling settings")
     parser.add_argument(
         "--capacity",
@@ -198,8 +204,7 @@ def _config(
         "limit_per_file": args.limit,
         "methods": config.methods,
         "method_options": {
-            m: {k: v for k, v in opts.items() if k != "draft_model"}
-            for m, opts in config.method_options.items()
+            m: {k: v for k, v in opts.items() if k != "draft_model"} for m, opts in config.method_options.items()
         },
         "state": "persistent" if config.persistent else "per-request",
         "state_by_method": state_by_method,
@@ -237,9 +242,7 @@ class _Progress:
         if enabled:
             from tqdm import tqdm  # the "hf" extra, checked before work starts
 
-            self._bar = tqdm(
-                total=total, desc="bench", file=sys.stderr, dynamic_ncols=True, bar_format=self.BAR_FORMAT
-            )
+            self._bar = tqdm(total=total, desc="bench", file=sys.stderr, dynamic_ncols=True, bar_format=self.BAR_FORMAT)
         self._totals: dict[tuple[str, str], list[int]] = {}
 
     def __call__(self, record: Record) -> None:
@@ -278,11 +281,7 @@ def _run(args: argparse.Namespace) -> int:
     from racer_rs import drafters
     from racer_rs.engine import generation
 
-    data = (
-        [str(p) for p in args.data]
-        if args.data
-        else [resolve_shipped(p, "--data") for p in DEFAULT_BENCH_DATA]
-    )
+    data = [str(p) for p in args.data] if args.data else [resolve_shipped(p, "--data") for p in DEFAULT_BENCH_DATA]
     questions = load_benchmark(data, args.limit)
     methods = _methods(args)
     options = parse_options(args.option, methods)
@@ -306,9 +305,7 @@ def _run(args: argparse.Namespace) -> int:
         max_capacity=args.max_capacity,
     )
     # Looked up at call time so that tests can substitute a deliberately wrong engine.
-    runner = BenchmarkRunner(
-        models.model, models.tokenizer, config, generation.generate, drafters.make_drafter
-    )
+    runner = BenchmarkRunner(models.model, models.tokenizer, config, generation.generate, drafters.make_drafter)
     runner.build_drafters()  # fail on bad method options before any timing starts
 
     calls = len(config.settings) * len(methods) * sum(len(q.turns) for q in questions)

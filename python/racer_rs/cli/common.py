@@ -13,6 +13,8 @@ from racer_rs.cli.loading import DTYPES
 #: Methods whose drafter is a separate draft model (passed as the ``draft_model`` option), and
 #: transformers' assisted generation (a peer in ``racer bench``).
 DRAFT_MODEL_METHODS = frozenset({"draft_model", "tts", "racer_tts", "hf_assisted"})
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     value = _int(text)
@@ -214,8 +216,8 @@ class LoadedModels:
 
     def __init__(self, args: argparse.Namespace, methods: Sequence[str], draft_required: bool = True) -> None:
         from racer_rs.cli.loading import check_model, load_model
-        from racer_rs.loading.devices import resolve_device, resolve_dtype
         from racer_rs.cli.resources import DEFAULT_DRAFTS, DEFAULT_TARGET_MODEL
+        from racer_rs.loading.devices import resolve_device, resolve_dtype
 
         self.model_path: str = args.model or DEFAULT_TARGET_MODEL
         check_model(self.model_path, "--model")

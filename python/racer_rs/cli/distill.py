@@ -7,8 +7,8 @@ import sys
 from typing import Any
 
 from racer_rs.cli import common
-from racer_rs.errors import error_context
 from racer_rs.cli.loading import DTYPES
+from racer_rs.errors import error_context
 
 DESCRIPTION = """\
 Make a draft model for a target that has none: the target's first --layers decoder layers (its
@@ -32,8 +32,9 @@ def add_parser(subparsers: Any) -> None:
         "--vocab", type=common.positive_int, help="reduced draft vocabulary: keep the N most frequent tokens"
     )
     parser.add_argument(
-        "--data", action="append", help="prompt file (.jsonl, Spec-Bench format); repeatable (default: "
-        + ", ".join(DEFAULT_DATA) + ")"
+        "--data",
+        action="append",
+        help="prompt file (.jsonl, Spec-Bench format); repeatable (default: " + ", ".join(DEFAULT_DATA) + ")",
     )
     parser.add_argument("--batch-size", type=common.positive_int, default=8, help="prompts per generation batch")
     parser.add_argument("--new-tokens", type=common.positive_int, default=256, help="tokens generated per prompt")
@@ -47,7 +48,9 @@ def add_parser(subparsers: Any) -> None:
         "--dtype", choices=DTYPES, default="float32", help="of the target and the trained draft (default: float32)"
     )
     parser.add_argument("--device", default="auto", help="torch device, or auto (default: auto)")
-    parser.add_argument("--threads", type=common.non_negative_int, default=0, help="torch CPU threads, 0 = torch's choice")
+    parser.add_argument(
+        "--threads", type=common.non_negative_int, default=0, help="torch CPU threads, 0 = torch's choice"
+    )
     parser.set_defaults(run=run)
 
 
@@ -91,9 +94,9 @@ def _prompt_files(args: argparse.Namespace) -> list[str]:
 
 def _run(args: argparse.Namespace, files: list[str]) -> int:
     from racer_rs.cli.loading import check_model, load_model
+    from racer_rs.cli.resources import DEFAULT_TARGET_MODEL
     from racer_rs.loading.devices import resolve_device
     from racer_rs.loading.models import eos_token_ids
-    from racer_rs.cli.resources import DEFAULT_TARGET_MODEL
     from racer_rs.selfdraft.distillation import DistillSettings, distill_self_draft
 
     spec = args.model or DEFAULT_TARGET_MODEL
@@ -123,6 +126,7 @@ def _run(args: argparse.Namespace, files: list[str]) -> int:
         for text in [*header, line]:
             print(f"racer: distill-draft: {text}", file=sys.stderr, flush=True)
         header.clear()
+
     try:
         result = distill_self_draft(
             model,
@@ -142,8 +146,8 @@ def _run(args: argparse.Namespace, files: list[str]) -> int:
 
 
 def _encode_prompts(tokenizer: Any, files: list[str]) -> list[list[int]]:
-    from racer_rs.bench.prompts import load_questions
     from racer_rs.bench.prompting import encode_conversation, encode_text
+    from racer_rs.bench.prompts import load_questions
 
     prompts = []
     for path in files:

@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from racer_rs.bench.prompting import encode_conversation, encode_text, has_chat_template
 from racer_rs.cli import common
 from racer_rs.cli.errors import CLIError, one_line
-from racer_rs.errors import error_context
 from racer_rs.cli.options import parse_options
-from racer_rs.loading.models import eos_token_ids
-from racer_rs.bench.prompting import encode_conversation, encode_text, has_chat_template
 from racer_rs.cli.streaming import TerminalStreamer, use_color
+from racer_rs.errors import error_context
+from racer_rs.loading.models import eos_token_ids
 
 DESCRIPTION = """\
 Generate text with speculative decoding, printing it as it is committed. Tokens that came from an
@@ -43,9 +43,7 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--seed", type=common.non_negative_int, help="random seed for sampling")
     parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
-    parser.add_argument(
-        "--color", choices=("auto", "always", "never"), default="auto", help="highlight drafted tokens"
-    )
+    parser.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="highlight drafted tokens")
     parser.add_argument("--no-color", dest="color", action="store_const", const="never")
     common.add_model_arguments(parser)
     parser.set_defaults(run=run)

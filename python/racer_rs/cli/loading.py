@@ -56,6 +56,6 @@ def load_model(spec: str, dtype: str, device: str, what: str = "--model") -> tup
             f"(cached in {gguf_cache.cache_root()}; later loads take seconds)",
             file=sys.stderr,
         )
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    hf_logging.disable_progress_bar()
     with error_context(what):
         return model_loading.load_model(spec, dtype=dtype, device=device)

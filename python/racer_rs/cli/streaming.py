@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from typing import Any, TextIO
+
 from racer_rs.errors import InvalidArgumentError
 
 #: ANSI colour for tokens that came from an accepted draft (green), and the reset code.

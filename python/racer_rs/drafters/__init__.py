@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from typing import TYPE_CHECKING, Any
+
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
 if TYPE_CHECKING:
@@ -56,7 +57,8 @@ def make_drafter(method: str, model: Any, **options: Any) -> Drafter:
     """
     factory = _factory(method)
     _check_options(method, factory, options)
-    return factory(model, **options)
+    drafter: Drafter = factory(model, **options)
+    return drafter
 
 
 def accepted_options(method: str) -> tuple[str, ...]:
@@ -66,9 +68,7 @@ def accepted_options(method: str) -> tuple[str, ...]:
     if declared is not None:
         return tuple(declared)
     parameters = inspect.signature(factory).parameters.values()
-    return tuple(
-        p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "model"
-    )
+    return tuple(p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "model")
 
 
 def _factory(method: str) -> Any:
@@ -87,6 +87,5 @@ def _check_options(method: str, factory: Any, options: dict[str, Any]) -> None:
     accepted = accepted_options(method)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise InvalidArgumentError(
-            f"unknown option(s) {', '.join(unknown)} for method {method!r}; accepted: {', '.join(sorted(accepted)) or 'none'}"
-        )
+        names = ", ".join(sorted(accepted)) or "none"
+        raise InvalidArgumentError(f"unknown option(s) {', '.join(unknown)} for method {method!r}; accepted: {names}")

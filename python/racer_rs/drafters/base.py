@@ -83,7 +83,8 @@ class RequestStart:
         """The prompt tokens whose rows ``prompt_topk`` holds (``None`` without top-k)."""
         if self.prompt_topk is None or self.prompt_topk_positions is None:
             return None
-        return self.prompt_ids[self.prompt_topk_positions]
+        tokens: np.ndarray = self.prompt_ids[self.prompt_topk_positions]
+        return tokens
 
 
 @dataclass
@@ -225,4 +226,3 @@ class Drafter(ABC):
 
 _CLAIMS = threading.Lock()
 """Guards every drafter's ``_request_thread`` (see :meth:`Drafter._claim`)."""
-

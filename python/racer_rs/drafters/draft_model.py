@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from racer_rs import _validate as rules
 from racer_rs._native import DraftTree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart
 from racer_rs.engine.sampling import SamplingConfig, process_logits
-from racer_rs import _validate as rules
-from racer_rs.errors import InvalidTypeError
 from racer_rs.engine.verifier import vocab_size
+from racer_rs.errors import InvalidTypeError
 
 
 def check_draft_model(draft_model: Any) -> None:

@@ -31,7 +31,9 @@ class PromptLookupDrafter(Drafter):
     def __init__(self, model: Any = None, max_ngram: int = 3, min_ngram: int = 1, num_pred: int = 10) -> None:
         del model
         if not 1 <= min_ngram <= max_ngram:
-            raise InvalidArgumentError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+            raise InvalidArgumentError(
+                f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}"
+            )
         if num_pred < 1:
             raise InvalidArgumentError(f"num_pred must be >= 1, got {num_pred}")
         self.max_ngram = max_ngram

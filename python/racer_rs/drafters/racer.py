@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from racer_rs import _validate as rules
 from racer_rs._native import Automaton, LogitsTable, build_draft_tree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
-from racer_rs import _validate as rules
 from racer_rs.errors import InvalidArgumentError
 
 
@@ -145,8 +145,9 @@ class RacerDrafter(Drafter):
         self.automaton.new_sequence()
         if self.use_retrieval:
             self.automaton.extend(request.prompt_ids)
-        if self.use_logits and request.prompt_topk is not None:
-            self.table.update(request.prompt_topk_tokens, request.prompt_topk, request.prompt_topk_probs)
+        tokens = request.prompt_topk_tokens
+        if self.use_logits and tokens is not None and request.prompt_topk is not None:
+            self.table.update(tokens, request.prompt_topk, request.prompt_topk_probs)
 
     def propose(
         self, context: np.ndarray, next_token: int, capacity: int, edge_calibration: np.ndarray | None = None

@@ -26,12 +26,13 @@ from racer_rs.drafters.racer import METHOD_OPTIONS, RacerDrafter, RacerOptions
 from racer_rs.drafters.tts import TTSDrafter
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
-
 #: RACER's options racer_tts takes (as the ``racer`` method does).
 RACER_OPTIONS = METHOD_OPTIONS["racer"]
 #: TTS's options racer_tts takes (as ``tts`` does; the draft model and canvas are its own).
 TTS_OPTIONS = tuple(
-    name for name in inspect.signature(TTSDrafter.__init__).parameters if name not in ("self", "model", "draft_model", "canvas")
+    name
+    for name in inspect.signature(TTSDrafter.__init__).parameters
+    if name not in ("self", "model", "draft_model", "canvas")
 )
 ACCEPTED = ("draft_model", "canvas", "adapt", *RACER_OPTIONS, *TTS_OPTIONS)
 

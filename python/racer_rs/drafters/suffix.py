@@ -47,9 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from racer_rs import _validate as rules
 from racer_rs._native import DraftTree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
-from racer_rs import _validate as rules
 from racer_rs.errors import InvalidArgumentError, StateError
 from racer_rs.optional_deps import require
 
@@ -90,7 +90,7 @@ def draft_to_tree(next_token: int, token_ids: Any, parents: Any, capacity: int) 
     children: list[list[int]] = [[]]
     node_tokens = [int(next_token)]
     child_by_token: dict[tuple[int, int], int] = {}
-    for index, (token, parent) in enumerate(zip(tokens, links)):
+    for index, (token, parent) in enumerate(zip(tokens, links, strict=False)):
         if not -1 <= parent < index:
             raise InvalidArgumentError(f"draft token {index} has parent {parent}: parents must precede children")
         parent_node = 0 if parent == -1 else node_of[parent]
@@ -285,7 +285,7 @@ class SuffixDrafter(Drafter):
         }
 
     def _request(self) -> _Request:
-        request = getattr(self._per_thread(), "request", None)
+        request: _Request | None = getattr(self._per_thread(), "request", None)
         if request is None:
             raise StateError(f"drafter {self.name!r}: begin() must be called before propose()/observe()")
         return request
@@ -302,8 +302,14 @@ def suffix(
 ) -> SuffixDrafter:
     """SuffixDecoding with tree speculation (the registry's ``suffix``)."""
     return SuffixDrafter(
-        model, max_tree_depth, max_cached_requests, max_spec_factor, max_spec_offset, min_token_prob,
-        use_tree_spec=True, global_tree=global_tree,
+        model,
+        max_tree_depth,
+        max_cached_requests,
+        max_spec_factor,
+        max_spec_offset,
+        min_token_prob,
+        use_tree_spec=True,
+        global_tree=global_tree,
     )
 
 
@@ -319,6 +325,13 @@ def suffix_chain(
     """SuffixDecoding with one drafted path, exactly vLLM's configuration (the registry's
     ``suffix_chain``)."""
     return SuffixDrafter(
-        model, max_tree_depth, max_cached_requests, max_spec_factor, max_spec_offset, min_token_prob,
-        use_tree_spec=False, global_tree=global_tree, name="suffix_chain",
+        model,
+        max_tree_depth,
+        max_cached_requests,
+        max_spec_factor,
+        max_spec_offset,
+        min_token_prob,
+        use_tree_spec=False,
+        global_tree=global_tree,
+        name="suffix_chain",
     )

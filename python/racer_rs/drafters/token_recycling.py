@@ -84,8 +84,9 @@ class TokenRecyclingDrafter(Drafter):
             self.table = LogitsTable(request.vocab_size, self.needs_topk)
         elif not self.persistent:
             self.table.clear()
-        if request.prompt_topk is not None:
-            self.table.update(request.prompt_topk_tokens, request.prompt_topk)
+        tokens = request.prompt_topk_tokens
+        if tokens is not None and request.prompt_topk is not None:
+            self.table.update(tokens, request.prompt_topk)
 
     def propose(self, context: np.ndarray, next_token: int, capacity: int) -> Proposal:
         """Fill the template from the table, rooted at ``next_token``."""

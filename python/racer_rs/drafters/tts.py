@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from racer_rs.drafters.base import RequestStart, StepOutcome
 from racer_rs import _validate as rules
+from racer_rs.drafters.base import RequestStart, StepOutcome
 from racer_rs.drafters.draft_model import DraftModelDrafter, check_draft_model
+from racer_rs.errors import InvalidTypeError
 from racer_rs.tts.online_loss import Canvas, DistillConfig, distill_step, make_optimizer, trainable_parameter_names
 from racer_rs.tts.update_worker import UpdateWorker
-from racer_rs.errors import InvalidTypeError
 
 
 def copy_sharing(draft: Any, target: Any) -> Any:

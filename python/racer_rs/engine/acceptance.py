@@ -138,7 +138,9 @@ class ChainSpeculativeSampling(Acceptor):
         tokens = step.proposal.tree.tokens
         drafts = torch.from_numpy(tokens[1:].astype(np.int64)).to(step.logits.device)
         assert step.proposal.draft_probs is not None
-        decision = chain_speculative_sample(step.logits, step.proposal.draft_probs, drafts, self.sampling, step.generator)
+        decision = chain_speculative_sample(
+            step.logits, step.proposal.draft_probs, drafts, self.sampling, step.generator
+        )
         transfer.add("decision", decision)
 
     def accept(self, step: StepInputs, host: dict[str, np.ndarray]) -> Acceptance:

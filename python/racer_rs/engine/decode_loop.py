@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -243,7 +244,8 @@ class DecodeLoop:
         context.flags.writeable = False  # a view of the engine's buffer; drafters only read it
         if self._takes_calibration:
             calibration = self.policy.edge_calibration()
-            proposal = self.drafter.propose(context, state.next_token, capacity, edge_calibration=calibration)
+            propose: Any = self.drafter.propose  # its signature takes the optional calibration
+            proposal = propose(context, state.next_token, capacity, edge_calibration=calibration)
         else:
             proposal = self.drafter.propose(context, state.next_token, capacity)
         name = self.drafter.name

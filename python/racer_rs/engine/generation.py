@@ -18,13 +18,13 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from racer_rs import _validate as rules
 from racer_rs.drafters import make_drafter
 from racer_rs.drafters.base import Drafter
 from racer_rs.engine.capacity import AutoCapacity, CapacityPolicy, FixedCapacity
 from racer_rs.engine.decode_loop import DecodeLoop, DecodeState
 from racer_rs.engine.sampling import SamplingConfig
 from racer_rs.engine.streaming import StreamAdapter
-from racer_rs import _validate as rules
 from racer_rs.engine.verifier import TreeVerifier, model_window, vocab_size
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError
 
@@ -273,7 +273,7 @@ def _end_request(drafter: Drafter, streamer: StreamAdapter | None, failure: Base
             continue
         try:
             hook()
-        except Exception as error:  # noqa: BLE001 - every hook must run; the first error wins
+        except Exception as error:
             if first is None:
                 first = error
     if first is not None and first is not failure:

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+
 from racer_rs import _validate as rules
 
 
@@ -88,7 +89,9 @@ CANDIDATES = 4
 :func:`sample_position`); all four miss a top-p 0.95 nucleus with probability below 1e-5."""
 
 
-def draw_uniforms(positions: int, generator: torch.Generator | None, device: torch.device | str = "cpu") -> torch.Tensor:
+def draw_uniforms(
+    positions: int, generator: torch.Generator | None, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """The uniforms a request samples with: ``CANDIDATES`` per generated position.
 
     Tree nodes at the same depth share their position's uniforms, so the token sampled for

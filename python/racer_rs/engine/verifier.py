@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
+
 from racer_rs.errors import InvalidTypeError, UnsupportedError
 
 PREFILL_CHUNK = 512
@@ -37,7 +38,9 @@ def check_model(model: Any) -> None:
     if model.config.is_encoder_decoder:
         raise UnsupportedError(f"model: encoder-decoder models ({type(model).__name__}) are not supported")
     if not model.can_generate() or model.get_output_embeddings() is None:
-        raise InvalidTypeError(f"model must be a causal LM with an LM head (e.g. *ForCausalLM), got {type(model).__name__}")
+        raise InvalidTypeError(
+            f"model must be a causal LM with an LM head (e.g. *ForCausalLM), got {type(model).__name__}"
+        )
     unsupported = _unsupported_cache_layers(DynamicCache(config=model.config))
     if unsupported:
         raise UnsupportedError(
@@ -95,7 +98,7 @@ class GrowableLayer(DynamicLayer):
 def new_cache(model: PreTrainedModel) -> DynamicCache:
     """A ``DynamicCache`` for ``model`` whose layers append in place (:class:`GrowableLayer`)."""
     cache = DynamicCache(config=model.config)
-    cache.layers = [GrowableLayer() for _ in cache.layers]
+    cache.layers = [GrowableLayer() for _ in cache.layers]  # type: ignore[no-untyped-call]  # transformers' __init__
     return cache
 
 
@@ -266,7 +269,7 @@ class TreeVerifier:
                 "attention_mask": self.tree_mask(ancestors),
             }
         start = time.perf_counter()
-        logits = self.model(**inputs, cache=self.cache, use_cache=True).logits[0]
+        logits: torch.Tensor = self.model(**inputs, cache=self.cache, use_cache=True).logits[0]
         self.model_seconds += time.perf_counter() - start
         return logits
 

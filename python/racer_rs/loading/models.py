@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from racer_rs import optional_deps
-from racer_rs.errors import InvalidArgumentError, InvalidTypeError, MissingDependencyError, ModelLoadError, ModelSpecError
+from racer_rs.errors import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    MissingDependencyError,
+    ModelLoadError,
+    ModelSpecError,
+)
 
 DTYPES = ("float32", "bfloat16", "float16")
 # "org/name": what a hub id looks like. A bare name that is neither a path nor a preset is an
@@ -150,7 +156,9 @@ def _packaged_file(name: str, known: PackagedGGUF) -> Path:
         candidate = Path(folder) / known.filename
         if candidate.is_file():
             return candidate
-    raise MissingDependencyError(f"model {name}: {known.filename} is missing from {known.distribution}; reinstall: {hint}")
+    raise MissingDependencyError(
+        f"model {name}: {known.filename} is missing from {known.distribution}; reinstall: {hint}"
+    )
 
 
 def check_dependencies(source: ModelSource) -> None:
@@ -193,7 +201,7 @@ def load_model(spec: str | Path, *, dtype: Any = "float32", device: Any = "cpu")
         InvalidArgumentError: an unknown dtype.
     """
     dtype = dtype_name(dtype)
-    source = resolve_model(spec)
+    source = resolve_model(str(spec))
     check_dependencies(source)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -85,7 +85,7 @@ def is_checkpoint(path: str | os.PathLike[str]) -> bool:
     if not manifest.is_file():
         return False
     try:
-        return json.loads(manifest.read_text(encoding="utf-8")).get("format") == FORMAT
+        return bool(json.loads(manifest.read_text(encoding="utf-8")).get("format") == FORMAT)
     except (OSError, ValueError, AttributeError):
         return True  # ours by name, unreadable: loading reports it
 
@@ -149,7 +149,11 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
         raise DraftCheckpointError(f"self-draft checkpoint {folder} not found (not a folder)")
     path = folder / MANIFEST
     if not path.is_file():
-        hint = " (an unfinished distillation: rerun racer distill-draft to finish it)" if (folder / "work").is_dir() else ""
+        hint = (
+            " (an unfinished distillation: rerun racer distill-draft to finish it)"
+            if (folder / "work").is_dir()
+            else ""
+        )
         raise DraftCheckpointError(f"{folder} is not a self-draft checkpoint: no {MANIFEST}{hint}")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
@@ -158,7 +162,9 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DraftCheckpointError(f"{path} is not a {FORMAT} manifest")
     if manifest.get("version") != VERSION:
-        raise DraftCheckpointError(f"{path}: unsupported checkpoint version {manifest.get('version')!r} (expected {VERSION})")
+        raise DraftCheckpointError(
+            f"{path}: unsupported checkpoint version {manifest.get('version')!r} (expected {VERSION})"
+        )
     weights = manifest.get("weights")
     if (
         not isinstance(weights, dict)

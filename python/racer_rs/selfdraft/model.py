@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
+
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = ["ReducedHead", "check_self_draft_target", "draft_vocabulary", "self_draft"]

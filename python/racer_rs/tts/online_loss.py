@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import nn
+
 from racer_rs import _validate as rules
 from racer_rs.errors import InvalidArgumentError
 
@@ -153,7 +154,8 @@ def canvas_logits(model: nn.Module, canvas: Canvas) -> torch.Tensor:
         position_ids=positions.unsqueeze(0),
         use_cache=True,
     )
-    return out.logits[0].float() / canvas.temperature
+    logits: torch.Tensor = out.logits[0].float() / canvas.temperature
+    return logits
 
 
 def distill_loss(

@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 import torch
+
 from racer_rs.errors import StateError
 
 Job = TypeVar("Job")

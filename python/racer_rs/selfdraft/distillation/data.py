@@ -91,7 +91,7 @@ def generate_shard(
 
     device = next(target.parameters()).device
     pad = int(eos_token_ids[0]) if eos_token_ids else 0
-    eos = torch.tensor(sorted(set(int(e) for e in eos_token_ids)) or [-1], device=device)
+    eos = torch.tensor(sorted({int(e) for e in eos_token_ids}) or [-1], device=device)
     width = max(len(p) for p in prompts)
     batch = len(prompts)
     input_ids = torch.full((batch, width), pad, dtype=torch.long)
@@ -132,7 +132,7 @@ def generate_shard(
     top_ids = torch.stack(steps_ids, dim=1).cpu()  # [B, G, k]: row j predicts generated token j
     top_logp = torch.stack(steps_logp, dim=1).cpu()
     continuations = torch.stack(steps_tokens, dim=1).cpu()
-    stop = set(int(e) for e in eos_token_ids)
+    stop = {int(e) for e in eos_token_ids}
     tokens, offsets, lengths, ids_rows, logp_rows = [], [0], [], [], []
     for row, prompt in enumerate(prompts):
         generated = continuations[row].tolist()

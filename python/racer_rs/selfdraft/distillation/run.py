@@ -32,6 +32,17 @@ from typing import Any
 import torch
 
 from racer_rs._io import write_text_atomically
+from racer_rs.engine.verifier import vocab_size as target_vocab_size
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError
+from racer_rs.selfdraft.checkpoint import (
+    MANIFEST,
+    PROBE_ATOL,
+    PROBE_RTOL,
+    is_checkpoint,
+    save_self_draft,
+    target_architecture,
+    target_probe,
+)
 from racer_rs.selfdraft.distillation.data import (
     Sample,
     Shard,
@@ -43,19 +54,14 @@ from racer_rs.selfdraft.distillation.data import (
     token_mass,
 )
 from racer_rs.selfdraft.distillation.settings import DistillSettings
-from racer_rs.selfdraft.distillation.training import draft_columns, evaluate, make_batch, train_step, trainable_parameters
-from racer_rs.selfdraft.checkpoint import (
-    MANIFEST,
-    PROBE_ATOL,
-    PROBE_RTOL,
-    is_checkpoint,
-    save_self_draft,
-    target_architecture,
-    target_probe,
+from racer_rs.selfdraft.distillation.training import (
+    draft_columns,
+    evaluate,
+    make_batch,
+    train_step,
+    trainable_parameters,
 )
 from racer_rs.selfdraft.model import check_self_draft_target, self_draft
-from racer_rs.errors import InvalidArgumentError, InvalidTypeError
-from racer_rs.engine.verifier import vocab_size as target_vocab_size
 
 WORK = "work"
 Progress = Callable[[str], None]
@@ -144,7 +150,9 @@ def distill_self_draft(
         raise InvalidTypeError("pass either settings or keyword options, not both")
     check_self_draft_target(target)
     if settings.layers > target.config.num_hidden_layers:
-        raise InvalidArgumentError(f"layers must be <= {target.config.num_hidden_layers} (the target's layers), got {settings.layers}")
+        raise InvalidArgumentError(
+            f"layers must be <= {target.config.num_hidden_layers} (the target's layers), got {settings.layers}"
+        )
     vocab_size = target_vocab_size(target)
     if settings.vocab is not None and settings.vocab > vocab_size:
         raise InvalidArgumentError(f"vocab must be <= {vocab_size} (the target's vocabulary), got {settings.vocab}")
@@ -161,7 +169,9 @@ def check_output_folder(out: str | Path) -> None:
         raise DistillError(f"output {out} exists and is not a folder")
     if out.is_dir() and not (out / WORK / "plan.json").exists():
         if (out / MANIFEST).exists():
-            raise DistillError(f"{out} holds a self-draft checkpoint without its work folder; choose another output folder")
+            raise DistillError(
+                f"{out} holds a self-draft checkpoint without its work folder; choose another output folder"
+            )
         if any(out.iterdir()):
             raise DistillError(f"output folder {out} is not empty and holds no distillation; choose another one")
 
@@ -266,7 +276,8 @@ class _Run:
             return None
         path = self.work / "vocab.pt"
         if path.exists():
-            return torch.load(path, weights_only=True)
+            kept: torch.Tensor = torch.load(path, weights_only=True)
+            return kept
         vocab_size = target_vocab_size(self.target)
         kept = frequent_tokens(token_mass(shards[1:], vocab_size), self.settings.vocab, self.eos + self.keep)
         save_atomic(kept, path)
@@ -293,8 +304,10 @@ class _Run:
         if self.state.before is None:
             self.state.before = evaluate(draft, held_out, columns, settings.batch_size)
             self._save_state()
-            self.say(f"eval: undistilled draft, held-out KL {self.state.before['kl']:.3f}, "
-                     f"top-1 agreement {100 * self.state.before['agreement']:.1f}%")
+            self.say(
+                f"eval: undistilled draft, held-out KL {self.state.before['kl']:.3f}, "
+                f"top-1 agreement {100 * self.state.before['agreement']:.1f}%"
+            )
 
         def save() -> None:
             state = {name: param.detach().cpu() for name, param in draft.named_parameters() if param.requires_grad}
@@ -320,7 +333,8 @@ class _Run:
                     last_save = now
                 if now - last_report >= settings.report_every:
                     mean = sum(losses) / len(losses)
-                    self.say(f"train: step {self.state.steps} (epoch {position['epoch'] + 1}), KL {mean:.3f} | {self._time_line()}")
+                    epoch = position["epoch"] + 1
+                    self.say(f"train: step {self.state.steps} (epoch {epoch}), KL {mean:.3f} | {self._time_line()}")
                     losses.clear()
                     last_report = now
         except KeyboardInterrupt:
@@ -374,7 +388,9 @@ class _Run:
             except (OSError, ValueError) as exc:
                 raise DistillError(f"{plan_path} is unreadable ({exc}); delete {out} to start over") from None
             differences = [
-                f"{key}: {recorded.get(key)!r} before, {value!r} now" for key, value in plan.items() if recorded.get(key) != value
+                f"{key}: {recorded.get(key)!r} before, {value!r} now"
+                for key, value in plan.items()
+                if recorded.get(key) != value
             ]
             if differences:
                 raise DistillError(
@@ -442,6 +458,6 @@ class _Run:
 
 
 def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     minutes, seconds = divmod(seconds, 60)
     return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"

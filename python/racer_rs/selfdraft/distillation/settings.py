@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
+
 from racer_rs import _validate as rules
 
 #: Settings that may change between the runs of one distillation (the rest must match to resume).

@@ -76,7 +76,8 @@ def student_logits(draft: Any, batch: Batch) -> torch.Tensor:
     head = draft.lm_head
     if isinstance(head, ReducedHead):
         return nn.functional.linear(hidden, head.kept_weight, head.kept_bias)
-    return head(hidden)
+    logits: torch.Tensor = head(hidden)
+    return logits
 
 
 def batch_kl(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
