@@ -11,11 +11,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import racer_rs.bench.stats  # noqa: E402
 import racer_rs.engine.generation  # noqa: E402
 from racer_rs.cli import main  # noqa: E402
 from tests.cli_models import write_tiny_model  # noqa: E402
@@ -59,8 +61,13 @@ METRIC_FIELDS = (
     "mat",
     "ms_per_token",
     "speedup",
+    "speedup_low",
+    "speedup_high",
+    "requests",
+    "disturbed",
+    "tokens_per_node",
+    "verified_nodes",
     "decode_ms_per_token",
-    "decode_speedup",
     "new_tokens",
     "steps",
 )
@@ -108,14 +115,15 @@ def run_bench(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int,
     return code, captured.out, captured.err, report
 
 
-def test_bench_writes_table_json_and_plots(tiny_model, data_file, tmp_path, capsys):
+def test_bench_writes_table_json_and_plots(tiny_model, data_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(racer_rs.bench.stats, "DISTURBED_RATIO", float("inf"))  # tiny runs are noisy
     out = tmp_path / "out"
     argv = bench_args(tiny_model, data_file, out, "--methods", "pld,ar", "--temperature", "0.8", "0", "--repeat", "2")
     code, stdout, stderr, report = run_bench(capsys, argv)
     assert code == 0, stderr
     for name in ("speedup.png", "mat.png", "acceptance_vs_position.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
-    assert report is not None and report["schema_version"] == 2 and report["ok"] is True
+    assert report is not None and report["schema_version"] == 3 and report["ok"] is True
     assert report["mismatches"] == []
 
     config = report["config"]
@@ -132,7 +140,8 @@ def test_bench_writes_table_json_and_plots(tiny_model, data_file, tmp_path, caps
 
     records = report["records"]
     turns = sum(len(row["turns"]) for row in ROWS)
-    assert len(records) == 2 * 2 * turns  # settings x methods x turns
+    assert len(records) == 2 * (2 + 1) * turns  # settings x (methods + ar's closing run) x turns
+    assert sorted(r["ar_pass"] for r in records if r["method"] == "ar") == [0] * 2 * turns + [1] * 2 * turns
     for record in records:
         for field, kind in RECORD_FIELDS.items():
             assert isinstance(record[field], kind), (field, record[field])
@@ -164,12 +173,24 @@ def test_bench_writes_table_json_and_plots(tiny_model, data_file, tmp_path, caps
             assert overall[method]["mat"] == pytest.approx(tokens / sum(r["steps"] for r in mine))
             wall = sum(r["wall_s"] for r in mine)
             assert overall[method]["ms_per_token"] == pytest.approx(1000 * wall / tokens)
-        assert overall["pld"]["speedup"] == pytest.approx(
-            overall["ar"]["ms_per_token"] / overall["pld"]["ms_per_token"]
+        # Per question (all its turns): pld's tokens/s over ar's, ar's two runs combined in log
+        # space; the overall speedup is their geometric mean.
+        rows = [r for r in records if r["setting"] == setting]
+
+        def rate(method: str, question: int, ar_pass: int = 0, rows: list = rows) -> float:
+            mine = [r for r in rows if (r["method"], r["question_index"], r["ar_pass"]) == (method, question, ar_pass)]
+            return sum(r["new_tokens"] for r in mine) / sum(r["wall_s"] for r in mine)
+
+        questions = sorted({r["question_index"] for r in rows})
+        ratios = [rate("pld", q) / np.sqrt(rate("ar", q, 0) * rate("ar", q, 1)) for q in questions]
+        assert overall["pld"]["speedup"] == pytest.approx(float(np.exp(np.mean(np.log(ratios)))))
+        assert overall["pld"]["speedup_low"] <= overall["pld"]["speedup"] <= overall["pld"]["speedup_high"]
+        assert overall["pld"]["tokens_per_node"] == pytest.approx(
+            overall["pld"]["new_tokens"] / overall["pld"]["verified_nodes"]
         )
 
     assert "== greedy ==" in stdout and "== T=0.8,top_p=0.95 ==" in stdout
-    for word in ("overall", "multi_turn", "MAT", "ms/tok", "speedup", "dec ms/tok", "pld", "ok"):
+    for word in ("overall", "multi_turn", "MAT", "ms/tok", "speedup [95% CI]", "tok/node", "pld", "ok"):
         assert word in stdout
     assert "MISMATCH" not in stdout
 
@@ -181,7 +202,7 @@ def test_multi_turn_questions_feed_back_the_models_own_answer(tiny_model, data_f
     )
     assert code == 0, stderr
     assert not (out / "speedup.png").exists()
-    first, second = (r for r in report["records"] if r["category"] == "multi_turn")
+    first, second = (r for r in report["records"] if r["category"] == "multi_turn" and r["ar_pass"] == 0)
     assert (first["turn"], second["turn"]) == (0, 1)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model)
     second_turn = len(tokenizer(ROWS[2]["turns"][1])["input_ids"])
@@ -348,7 +369,8 @@ def test_default_capacity_is_smaller_on_a_cpu(tiny_model: Path, data_file: Path,
     assert report["config"]["capacity"] == 16
 
 
-def test_transformers_peers_run_in_the_same_benchmark(tiny_model, data_file, tmp_path, capsys):
+def test_transformers_peers_run_in_the_same_benchmark(tiny_model, data_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(racer_rs.bench.stats, "DISTURBED_RATIO", float("inf"))  # tiny runs are noisy
     out = tmp_path / "out"
     argv = bench_args(tiny_model, data_file, out, "--methods", "hf,hf_pld,hf_assisted,pld", "--no-plots")
     code, stdout, stderr, report = run_bench(capsys, [*argv, "--draft-model", str(tiny_model)])
@@ -368,8 +390,19 @@ def test_transformers_peers_run_in_the_same_benchmark(tiny_model, data_file, tmp
     for setting in ("greedy", "T=0.8,top_p=0.95"):
         overall = report["summary"][setting]["overall"]
         assert overall["hf"]["speedup_vs_hf"] == pytest.approx(1.0)
-        assert overall["pld"]["speedup_vs_hf"] == pytest.approx(
-            overall["hf"]["ms_per_token"] / overall["pld"]["ms_per_token"]
+        # Per request (question, all turns) the ratio of tokens/s; their geometric mean.
+        rows = [r for r in records if r["setting"] == setting]
+
+        def rate(method: str, question: int, rows: list = rows) -> float:
+            mine = [r for r in rows if r["method"] == method and r["question_index"] == question]
+            return sum(r["new_tokens"] for r in mine) / sum(r["wall_s"] for r in mine)
+
+        ratios = [rate("pld", q) / rate("hf", q) for q in sorted({r["question_index"] for r in rows})]
+        assert overall["pld"]["speedup_vs_hf"] == pytest.approx(float(np.exp(np.mean(np.log(ratios)))))
+        assert (
+            overall["pld"]["speedup_vs_hf_low"]
+            <= overall["pld"]["speedup_vs_hf"]
+            <= overall["pld"]["speedup_vs_hf_high"]
         )
     # The repeating completion prompt gives prompt lookup drafts that the target accepts.
     pld_greedy = [r for r in records if r["method"] == "hf_pld" and r["setting"] == "greedy"]

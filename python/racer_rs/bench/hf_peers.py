@@ -32,17 +32,21 @@ PROMPT_LOOKUP_TOKENS = 10
 
 
 class _CacheLengthProbe:
-    """Records the target's cache length and the time at the start of each of its forward calls."""
+    """Records the target's cache length, the tokens fed and the time at the start of each of its
+    forward calls."""
 
     def __init__(self, model: Any) -> None:
         self.starts: list[int] = []
         self.times: list[float] = []
+        self.inputs: list[int] = []
         self._handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
 
     def _record(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.times.append(time.perf_counter())
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         self.starts.append(int(cache.get_seq_length()) if cache is not None else -1)
+        ids: Any = kwargs.get("input_ids", args[0] if args else None)
+        self.inputs.append(int(ids.shape[-1]) if hasattr(ids, "shape") else 0)
 
     def remove(self) -> None:
         self._handle.remove()
@@ -145,5 +149,7 @@ def generate_with_transformers(
         timings={"prefill": prefill, "total": total},
         positions=positions,
         method=method,
-        extras={"target_forward_calls": len(probe.starts)},
+        # Tokens the target verified in its decode forwards (the prefill excluded), as the
+        # engine's tree nodes are counted.
+        extras={"target_forward_calls": len(probe.starts), "verified_nodes": sum(probe.inputs[1:])},
     )

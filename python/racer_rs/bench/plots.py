@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from racer_rs.bench.report import BASELINE
-from racer_rs.bench.runner import Record
+from racer_rs.bench.runner import BASELINE, Record
 
 
 def _pyplot() -> Any:

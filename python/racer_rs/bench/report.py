@@ -1,9 +1,13 @@
 """Summaries of benchmark records: the terminal table and the JSON report.
 
-Metrics follow Spec-Bench / RACER's evaluation: ``ms/token = 1000 * sum(wall) / sum(new tokens)``
-per category and overall, ``speedup = ar ms/token / method ms/token`` within the same run and
-setting, and ``MAT = sum(new tokens) / sum(steps)`` (the mean tokens committed per verification
-step, bonus included). The decode-only columns leave out prefill time.
+Speedups are per request (:mod:`racer_rs.bench.stats`): each method's tokens/s on a question (all
+its turns) over ``ar``'s on the same question in the same run (``ar`` ran first and last; their
+mean in log space), aggregated per category and overall by the geometric mean with a bootstrap
+95% interval. A question whose two ``ar`` runs differ by more than the disturbance threshold is
+left out of the speedups and counted as disturbed. Pooled figures are kept beside them:
+``tokens/s = sum(new tokens) / sum(wall)``, ``MAT = sum(new tokens) / sum(steps)`` (tokens
+committed per verification step, bonus included) and ``tokens per verified node = sum(new tokens)
+/ sum(verified tree nodes)``, what each node a method makes the target verify is worth.
 """
 
 from __future__ import annotations
@@ -16,25 +20,28 @@ from pathlib import Path
 from typing import Any
 
 from racer_rs._io import write_text_atomically
-from racer_rs.bench.runner import Record
+from racer_rs.bench.runner import BASELINE, Record
+from racer_rs.bench.stats import Estimate, disturbed, geometric_mean
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 OVERALL = "overall"
-BASELINE = "ar"
 #: transformers' own generate: a second baseline, what a user switching from transformers gains.
 HF_BASELINE = "hf"
 
 
-def _summarise(records: Sequence[Record]) -> dict[str, Any]:
+def _pooled(records: Sequence[Record]) -> dict[str, Any]:
     tokens = sum(r.new_tokens for r in records)
     steps = sum(r.steps for r in records)
     wall = sum(r.wall_s for r in records)
     decode = sum(r.decode_s for r in records)
+    nodes = sum(r.verified_nodes for r in records)
     return {
-        "requests": len(records),
+        "runs": len(records),
         "new_tokens": tokens,
         "steps": steps,
+        "verified_nodes": nodes,
         "mat": tokens / steps if steps else 0.0,
+        "tokens_per_node": tokens / nodes if nodes else math.nan,
         "wall_s": wall,
         "decode_s": decode,
         "ms_per_token": 1000.0 * wall / tokens if tokens else math.nan,
@@ -46,38 +53,94 @@ def _summarise(records: Sequence[Record]) -> dict[str, Any]:
     }
 
 
+def _rate(records: Sequence[Record]) -> float:
+    tokens = sum(r.new_tokens for r in records)
+    wall = sum(r.wall_s for r in records)
+    return tokens / wall if wall > 0 and tokens > 0 else math.nan
+
+
+@dataclasses.dataclass
+class _Question:
+    """One question's runs in one setting: every method's tokens/s and whether ``ar`` was stable."""
+
+    category: str
+    rates: dict[str, float]
+    disturbed: bool
+
+
+def _questions(records: Sequence[Record]) -> list[_Question]:
+    by_question: dict[int, list[Record]] = {}
+    for record in records:
+        by_question.setdefault(record.question_index, []).append(record)
+    questions = []
+    for rows in by_question.values():
+        rates = {}
+        for method in dict.fromkeys(r.method for r in rows):
+            if method == BASELINE:
+                continue
+            rates[method] = _rate([r for r in rows if r.method == method])
+        passes = [_rate([r for r in rows if r.method == BASELINE and r.ar_pass == k]) for k in (0, 1)]
+        present = [rate for rate in passes if not math.isnan(rate)]
+        unstable = len(present) == 2 and disturbed(present[0], present[1])
+        if present:
+            rates[BASELINE] = math.exp(sum(math.log(rate) for rate in present) / len(present))
+        questions.append(_Question(rows[0].category, rates, unstable))
+    return questions
+
+
+def _speedup(questions: Sequence[_Question], method: str, base: str) -> Estimate:
+    ratios = [
+        q.rates[method] / q.rates[base] for q in questions if not q.disturbed and method in q.rates and base in q.rates
+    ]
+    return geometric_mean(ratios)
+
+
 def summarise(records: Sequence[Record], methods: Sequence[str]) -> dict[str, Any]:
     """Aggregate records per setting, category (plus ``overall``) and method.
 
     Returns:
-        ``{setting: {category: {method: metrics}}}`` where metrics hold ``mat``,
-        ``ms_per_token``, ``speedup`` (over ``ar``), ``speedup_vs_hf`` (over transformers'
-        ``generate``, NaN when ``hf`` did not run), ``decode_ms_per_token``, ``decode_speedup``,
-        ``tokens_per_s``, token and step counts, the number of greedy mismatches against ``ar``
-        that rounding does not explain (``mismatches``) and of half-precision near-ties.
+        ``{setting: {category: {method: metrics}}}``: ``speedup`` (geometric mean of per-request
+        speedups over ``ar``) with ``speedup_low``/``speedup_high`` (bootstrap 95% interval) and
+        ``speedup_requests``; the same ``_vs_hf`` over transformers' ``generate`` (NaN when ``hf``
+        did not run); ``requests`` and ``disturbed`` (questions left out); and the pooled
+        ``mat``, ``tokens_per_node``, ``tokens_per_s``, ``ms_per_token``, token, step and node
+        counts, greedy mismatches against ``ar`` that rounding does not explain
+        (``mismatches``) and half-precision near-ties.
     """
     summary: dict[str, Any] = {}
     for setting in dict.fromkeys(r.setting for r in records):
         in_setting = [r for r in records if r.setting == setting]
-        categories = [*list(dict.fromkeys(r.category for r in in_setting)), OVERALL]
+        questions = _questions(in_setting)
+        categories = [*dict.fromkeys(r.category for r in in_setting), OVERALL]
         per_category: dict[str, Any] = {}
         for category in categories:
             rows = [r for r in in_setting if category in (OVERALL, r.category)]
-            per_method = {m: _summarise([r for r in rows if r.method == m]) for m in methods}
-            base, hf = per_method.get(BASELINE), per_method.get(HF_BASELINE)
-            for metrics in per_method.values():
-                metrics["speedup"] = _ratio(base, metrics, "ms_per_token")
-                metrics["decode_speedup"] = _ratio(base, metrics, "decode_ms_per_token")
-                metrics["speedup_vs_hf"] = _ratio(hf, metrics, "ms_per_token")
+            chosen = [q for q in questions if category in (OVERALL, q.category)]
+            per_method = {}
+            for method in methods:
+                metrics = _pooled([r for r in rows if r.method == method])
+                for suffix, base in (("", BASELINE), ("_vs_hf", HF_BASELINE)):
+                    estimate = _speedup(chosen, method, base)
+                    metrics[f"speedup{suffix}"] = estimate.value
+                    metrics[f"speedup{suffix}_low"] = estimate.low
+                    metrics[f"speedup{suffix}_high"] = estimate.high
+                    metrics[f"speedup{suffix}_requests"] = estimate.requests
+                metrics["requests"] = len(chosen)
+                metrics["disturbed"] = sum(q.disturbed for q in chosen)
+                per_method[method] = metrics
             per_category[category] = per_method
         summary[setting] = per_category
     return summary
 
 
-def _ratio(base: dict[str, Any] | None, metrics: dict[str, Any], key: str) -> float:
-    if base is None or not metrics[key] or math.isnan(metrics[key]):
-        return math.nan
-    return float(base[key] / metrics[key])
+def estimate_of(metrics: dict[str, Any], suffix: str = "") -> Estimate:
+    """The :class:`Estimate` stored in a summary's metrics (``suffix``: ``""`` or ``"_vs_hf"``)."""
+    return Estimate(
+        metrics[f"speedup{suffix}"],
+        metrics[f"speedup{suffix}_low"],
+        metrics[f"speedup{suffix}_high"],
+        metrics[f"speedup{suffix}_requests"],
+    )
 
 
 def mismatched_records(records: Sequence[Record]) -> list[Record]:
@@ -88,14 +151,14 @@ def mismatched_records(records: Sequence[Record]) -> list[Record]:
 TABLE_HEADER = (
     "category",
     "method",
+    "speedup [95% CI]",
+    "vs hf",
     "MAT",
+    "tok/node",
     "tok/s",
     "ms/tok",
-    "speedup",
-    "vs hf",
-    "dec ms/tok",
-    "dec speedup",
     "tokens",
+    "requests",
     "check",
 )
 
@@ -112,8 +175,13 @@ def _check_cell(setting: str, method: str, metrics: dict[str, Any]) -> str:
     return "ok"
 
 
-def _times(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:.2f}x"
+def _requests_cell(metrics: dict[str, Any]) -> str:
+    used = metrics["requests"] - metrics["disturbed"]
+    return f"{used}/{metrics['requests']}" + (f" ({metrics['disturbed']} disturbed)" if metrics["disturbed"] else "")
+
+
+def _number(value: float, digits: int) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
 def _render_rows(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -122,7 +190,7 @@ def _render_rows(rows: Sequence[Sequence[str]]) -> list[str]:
     lines = []
     for row in rows:
         cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
-        cells += [cell.rjust(width) for cell, width in zip(row[2:], widths[2:], strict=False)]
+        cells += [cell.rjust(width) for cell, width in zip(row[2:], widths[2:], strict=True)]
         lines.append("  ".join(cells).rstrip())
     lines.insert(1, "  ".join("-" * width for width in widths))
     return lines
@@ -136,23 +204,29 @@ def format_table(summary: dict[str, Any], methods: Sequence[str]) -> str:
         for category, per_method in per_category.items():
             for position, method in enumerate(methods):
                 m = per_method[method]
+                speedup = "1.00x (ref)" if method == BASELINE else estimate_of(m).text()
                 rows.append(
                     (
                         category if position == 0 else "",
                         method,
+                        speedup,
+                        estimate_of(m, "_vs_hf").text() if method != BASELINE else "-",
                         f"{m['mat']:.2f}",
-                        f"{m['tokens_per_s']:.1f}",
-                        f"{m['ms_per_token']:.2f}",
-                        f"{m['speedup']:.2f}x",
-                        _times(m["speedup_vs_hf"]),
-                        f"{m['decode_ms_per_token']:.2f}",
-                        f"{m['decode_speedup']:.2f}x",
+                        _number(m["tokens_per_node"], 2),
+                        _number(m["tokens_per_s"], 1),
+                        _number(m["ms_per_token"], 2),
                         str(m["new_tokens"]),
+                        _requests_cell(m),
                         _check_cell(setting, method, m),
                     )
                 )
         blocks.append("\n".join([f"== {setting} ==", *_render_rows(rows)]))
-    return "\n\n".join(blocks)
+    note = (
+        "speedup: geometric mean over requests of each method's tokens/s over ar's on the same request "
+        "(ar timed first and last); [95% bootstrap interval]; disturbed requests (ar's two runs differ by "
+        "more than 25%) are left out. MAT: tokens per step; tok/node: tokens per verified tree node."
+    )
+    return "\n\n".join(blocks) + "\n\n" + note
 
 
 def _json_safe(value: Any) -> Any:

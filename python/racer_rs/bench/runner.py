@@ -19,6 +19,8 @@ from racer_rs.bench.prompting import encode_conversation, encode_text
 from racer_rs.bench.prompts import Question
 from racer_rs.errors import InvalidArgumentError, error_context
 
+#: The method every other is compared with (and checked against when greedy).
+BASELINE = "ar"
 #: New-token cap of a warm-up run.
 WARMUP_TOKENS = 32
 #: ``state_by_method`` of a method whose state outlives each request without ``--persistent``.
@@ -124,6 +126,10 @@ class Record:
     tokens: list[int]
     extras: dict[str, Any] = field(default_factory=dict)
     prompt_ids: list[int] = field(default_factory=list)
+    #: Draft-tree nodes the target verified (the root included): what a method's steps cost.
+    verified_nodes: int = 0
+    #: ``ar`` runs twice per question, first and last; its closing run has pass 1.
+    ar_pass: int = 0
     # None: not checked (sampling, ar itself, or an earlier turn gave this method another prompt).
     mismatch: bool | None = None
     first_mismatch: int | None = None
@@ -237,8 +243,9 @@ class BenchmarkRunner:
                 phase(f"bench [{setting.label}]")
             for index, question in enumerate(questions):
                 question_records: list[Record] = []
-                for method in self._rotated_methods(index):
+                for method, ar_pass in self.question_order(index):
                     for record in self._run_question(index, question, method, setting, drafters[method]):
+                        record.ar_pass = ar_pass
                         question_records.append(record)
                         if progress is not None:
                             progress(record)
@@ -247,10 +254,22 @@ class BenchmarkRunner:
                 records.extend(question_records)
         return records
 
-    def _rotated_methods(self, index: int) -> list[str]:
-        methods = self.config.methods
-        shift = index % len(methods)
-        return methods[shift:] + methods[:shift]
+    def question_order(self, index: int) -> list[tuple[str, int]]:
+        """The (method, ar pass) runs of question ``index``: ``ar`` first and last (its two runs
+        tell whether the machine was disturbed in between, :mod:`racer_rs.bench.stats`), the
+        other methods in between in an order that rotates from question to question."""
+        others = [m for m in self.config.methods if m != BASELINE]
+        shift = index % len(others) if others else 0
+        rotated = others[shift:] + others[:shift]
+        if BASELINE not in self.config.methods:
+            return [(m, 0) for m in rotated]
+        return [(BASELINE, 0), *((m, 0) for m in rotated), (BASELINE, 1)]
+
+    def calls(self, questions: Sequence[Question]) -> int:
+        """How many timed generate calls :meth:`run` makes (for a progress bar)."""
+        turns = sum(len(q.turns) for q in questions)
+        per_question = len(self.question_order(0))
+        return len(self.config.settings) * per_question * turns
 
     def _warm_up(self, question: Question, setting: Setting, drafters: dict[str, Any]) -> None:
         if not self.config.warmup:
@@ -366,6 +385,7 @@ class BenchmarkRunner:
                     tokens=[int(t) for t in result.tokens],
                     extras=dict(result.extras),
                     prompt_ids=list(prompt),
+                    verified_nodes=_verified_nodes(result),
                 )
             )
             answers.append(self.tokenizer.decode(result.tokens, skip_special_tokens=True))
@@ -382,10 +402,10 @@ def _check_against_ar(records: list[Record], model: Any) -> None:
     import torch
 
     half = next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
-    reference = {r.turn: r for r in records if r.method == "ar"}
+    reference = {r.turn: r for r in records if r.method == BASELINE and r.ar_pass == 0}
     for record in records:
         ar = reference.get(record.turn)
-        if record.method == "ar" or ar is None or record.prompt_ids != ar.prompt_ids:
+        if record.method == BASELINE or ar is None or record.prompt_ids != ar.prompt_ids:
             continue
         record.first_mismatch = first_difference(record.tokens, ar.tokens)
         record.mismatch = record.first_mismatch is not None
@@ -396,6 +416,15 @@ def _check_against_ar(records: list[Record], model: Any) -> None:
             prefix = ar.prompt_ids + ar.tokens[:index]
             gap, tolerance = divergence_gap(model, prefix, ar.tokens[index], record.tokens[index])
             record.near_tie, record.tie_gap, record.tie_tolerance = abs(gap) <= tolerance, gap, tolerance
+
+
+def _verified_nodes(result: Any) -> int:
+    """Nodes the target verified over a call: ``extras["verified_nodes"]`` (transformers' peers
+    count their forward tokens), else the engine's mean tree size times its steps."""
+    extras = result.extras
+    if "verified_nodes" in extras:
+        return int(extras["verified_nodes"])
+    return round(float(extras.get("mean_tree_size", 1.0)) * int(result.steps))
 
 
 def _device_synchronizer(model: Any) -> Callable[[], None]:

