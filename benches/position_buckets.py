@@ -1,4 +1,4 @@
-"""Long-generation measurements shared by ``bench_tts.py`` and ``bench_self_draft.py``.
+"""Long-generation measurements shared by ``bench_tts.py``, ``bench_self_draft.py`` and ``bench_qwen_pair.py``.
 
 Acceptance length per generation-position bucket (does a draft's acceptance decay as the text
 grows?), TTS's update work on the critical path, and the acceptance-versus-position plot.
@@ -14,8 +14,8 @@ import numpy as np
 BUCKET = 128
 
 
-def acceptance_by_bucket(results: list[Any], n_new: int) -> tuple[float, list[float], list[int]]:
-    """MAT, and acceptance length per ``BUCKET`` positions with each bucket's round count.
+def acceptance_by_bucket(results: list[Any], n_new: int, bucket: int = BUCKET) -> tuple[float, list[float], list[int]]:
+    """MAT, and acceptance length per ``bucket`` positions with each bucket's round count.
 
     A round belongs to the bucket of the position it starts at; rounds are pooled over
     ``results`` (one ``GenerationResult`` per prompt). An empty bucket's acceptance is NaN.
@@ -23,8 +23,8 @@ def acceptance_by_bucket(results: list[Any], n_new: int) -> tuple[float, list[fl
     positions = np.concatenate([np.asarray(r.positions) for r in results])
     accepted = np.concatenate([np.asarray(r.accepted_lengths) for r in results])
     buckets, rounds = [], []
-    for start in range(0, n_new, BUCKET):
-        in_bucket = (positions >= start) & (positions < start + BUCKET)
+    for start in range(0, n_new, bucket):
+        in_bucket = (positions >= start) & (positions < start + bucket)
         buckets.append(float(accepted[in_bucket].mean()) if in_bucket.any() else float("nan"))
         rounds.append(int(in_bucket.sum()))
     return float(accepted.mean()), buckets, rounds
@@ -46,20 +46,20 @@ def tts_update_summary(results: list[Any], decode_seconds: float) -> dict[str, A
     }
 
 
-def plot_acceptance(rows: list[dict[str, Any]], path: Path, n_new: int, title: str) -> None:
+def plot_acceptance(rows: list[dict[str, Any]], path: Path, n_new: int, title: str, bucket: int = BUCKET) -> None:
     """Acceptance length per position bucket, one line per method except ``ar``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    centers = np.arange(0, n_new, BUCKET)[: len(rows[0]["buckets"])] + BUCKET / 2
+    centers = np.arange(0, n_new, bucket)[: len(rows[0]["buckets"])] + bucket / 2
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for row in rows:
         if row["method"] != "ar":
             ax.plot(centers, row["buckets"], marker="o", label=f"{row['method']} (MAT {row['mat']:.2f})")
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel(f"generation position (start of round, {BUCKET}-token buckets)")
+    ax.set_xlabel(f"generation position (start of round, {bucket}-token buckets)")
     ax.set_ylabel("acceptance length (tokens / round)")
     ax.set_title(title)
     ax.legend(fontsize=8)

@@ -208,6 +208,10 @@ def test_every_shared_and_shipped_prompt_file_loads():
         if path.name == "spec_bench.jsonl":
             multi = [q for q in questions if q.category == MULTI_TURN_CATEGORY]
             assert len(multi) == 80 and all(len(q.turns) == 2 for q in multi)
+        if path.name == "long_code.jsonl":  # long generations: one chat turn per task
+            assert len(questions) >= 12 and {q.category for q in questions} == {"long_code"}
+            assert len({q.question_id for q in questions}) == len(questions)
+            assert all(len(q.turns) == 1 and q.mode == "chat" for q in questions)
 
 
 def test_limit_applies_per_group_of_each_file(tmp_path):

@@ -6,8 +6,10 @@ downloaded. Every test gets its own cache folder through ``RACER_RS_CACHE``.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ import racer_rs  # noqa: E402
 pytest.importorskip("gguf")
 
 from racer_rs import optional_deps  # noqa: E402
+from racer_rs._io import file_digest  # noqa: E402
 from racer_rs.cli import main  # noqa: E402
 from racer_rs.loading import gguf_cache  # noqa: E402
 from racer_rs.loading import models as model_loading  # noqa: E402
@@ -34,6 +37,7 @@ pytestmark = pytest.mark.torch
 def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "cache"
     monkeypatch.setenv(gguf_cache.CACHE_ENV, str(folder))
+    gguf_cache._forget_process_state()  # what an earlier test checked was in another cache
     return folder
 
 
@@ -96,7 +100,7 @@ def test_second_load_reuses_the_cache_without_converting(gguf_file, converter, c
 
 
 def _entry(path: Path) -> Path:
-    return gguf_cache.entry_folder(path.resolve(), gguf_cache.file_digest(path))
+    return gguf_cache.entry_folder(file_digest(path))  # not gguf_cache's (tests count its calls)
 
 
 @pytest.mark.parametrize(
@@ -204,6 +208,124 @@ def test_a_changed_gguf_file_gets_a_new_entry(tmp_path, converter):
     assert not torch.equal(logits(model, IDS), logits(first, IDS))
 
 
+def test_a_renamed_copy_of_the_file_reuses_the_entry(gguf_file, converter, tmp_path):
+    path, original = gguf_file
+    load_model(str(path))
+    copy = tmp_path / "another-name.gguf"
+    shutil.copyfile(path, copy)
+    model, _ = load_model(str(copy))
+    assert converter.calls == 1  # the key is the content, not the name
+    assert gguf_cache.cached_entry(copy) == gguf_cache.cached_entry(path) == _entry(path)
+    assert (
+        len([p for p in _entry(path).parent.iterdir() if p.is_dir() and not p.name.startswith(".")]) == 2
+    )  # + sources/
+    assert torch.equal(logits(model, IDS), logits(original, IDS))
+
+
+def test_an_entry_of_the_earlier_name_based_layout_is_adopted_without_converting(gguf_file, converter):
+    path, original = gguf_file
+    load_model(str(path))
+    entry = _entry(path)
+    legacy = entry.with_name(f"{path.stem}-{file_digest(path)[:16]}")
+    entry.rename(legacy)
+    (legacy / gguf_cache.STAMP).unlink()  # earlier versions wrote no stamp
+    gguf_cache._forget_process_state()
+    assert gguf_cache.cached_entry(path) == legacy  # usable as it is
+    model, _ = load_model(str(path))
+    assert converter.calls == 1
+    assert entry.is_dir() and not legacy.exists()
+    assert torch.equal(logits(model, IDS), logits(original, IDS))
+
+
+# --- the verified stamp: later processes trust unchanged files -----------------------------
+
+
+@pytest.fixture
+def hashes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the files hashed (gguf_cache's file_digest), in order."""
+    seen: list[str] = []
+    real = gguf_cache.file_digest
+
+    def counting(path: Path) -> str:
+        seen.append(Path(path).name)
+        return real(path)
+
+    monkeypatch.setattr(gguf_cache, "file_digest", counting)
+    return seen
+
+
+def test_a_new_process_trusts_the_stamps_and_hashes_nothing(gguf_file, converter, hashes):
+    path, _ = gguf_file
+    load_model(str(path))
+    gguf_cache._forget_process_state()  # as a new process
+    hashes.clear()
+    assert gguf_cache.cached_entry(path) == _entry(path)
+    load_model(str(path))
+    assert hashes == [] and converter.calls == 1
+
+
+def test_a_first_check_in_a_process_hashes_each_file_once(gguf_file, converter, hashes):
+    path, _ = gguf_file
+    load_model(str(path))
+    (_entry(path) / gguf_cache.STAMP).unlink()
+    gguf_cache._forget_process_state()
+    hashes.clear()
+    assert gguf_cache.cached_entry(path) == _entry(path)
+    assert sorted(hashes) == sorted(json.loads((_entry(path) / gguf_cache.MANIFEST).read_text())["files"])
+    hashes.clear()
+    gguf_cache._forget_process_state()
+    assert gguf_cache.cached_entry(path) == _entry(path) and hashes == []  # stamped again
+
+
+@pytest.mark.parametrize("change", ["touch", "new_inode"])
+def test_a_changed_identity_triggers_the_full_check_and_an_intact_entry_is_kept(gguf_file, converter, hashes, change):
+    path, _ = gguf_file
+    load_model(str(path))
+    weights = _entry(path) / "model.safetensors"
+    if change == "touch":
+        os.utime(weights, ns=(time.time_ns(), weights.stat().st_mtime_ns + 10**9))
+    else:  # the same bytes and mtime in a new file (a copy put in place)
+        shutil.copy2(weights, weights.with_name("copy"))
+        os.replace(weights.with_name("copy"), weights)
+    gguf_cache._forget_process_state()
+    hashes.clear()
+    assert gguf_cache.cached_entry(path) == _entry(path)
+    assert "model.safetensors" in hashes and converter.calls == 1
+
+
+def test_a_byte_flipped_in_place_with_its_mtime_restored_is_still_detected(gguf_file, converter):
+    path, original = gguf_file
+    load_model(str(path))
+    weights = _entry(path) / "model.safetensors"
+    before = weights.stat()
+    with open(weights, "r+b") as handle:
+        handle.seek(-5, os.SEEK_END)
+        value = handle.read(1)[0]
+        handle.seek(-5, os.SEEK_END)
+        handle.write(bytes([value ^ 0x40]))
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert weights.stat().st_mtime_ns == before.st_mtime_ns and weights.stat().st_size == before.st_size
+    gguf_cache._forget_process_state()
+    assert gguf_cache.cached_entry(path) is None  # the ctime changed: the stamp no longer vouches
+    model, _ = load_model(str(path))
+    assert converter.calls == 2
+    assert torch.equal(logits(model, IDS), logits(original, IDS))
+
+
+def test_a_source_file_rewritten_with_its_size_and_mtime_kept_is_hashed_again(tmp_path, converter):
+    path = tmp_path / "m.gguf"
+    write_tiny_gguf(path, seed=1)
+    load_model(str(path))
+    before = path.stat()
+    second = write_tiny_gguf(path, seed=2)  # same shapes: same size
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size
+    gguf_cache._forget_process_state()
+    model, _ = load_model(str(path))
+    assert converter.calls == 2
+    assert torch.equal(logits(model, IDS), logits(second, IDS))
+
+
 # --- name resolution -----------------------------------------------------------------------
 
 
@@ -287,7 +409,7 @@ def _write(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("spec", ["qwen2.5-coder-0.5b-instruct", "smollm2-135m", "dd_okk", "gpt2"])
+@pytest.mark.parametrize("spec", ["qwen2.5-coder-7b-instruct", "smollm2-135m", "dd_okk", "gpt2"])
 def test_a_bare_name_that_is_no_preset_is_an_unknown_name_not_a_hub_lookup(spec, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # no folder of that name here
     with pytest.raises(ModelSpecError, match=rf"unknown model name '{spec}'.*smollm2-135m-instruct.*org/name"):

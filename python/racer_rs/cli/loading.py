@@ -50,9 +50,12 @@ def load_model(spec: str, dtype: str, device: str, what: str = "--model") -> tup
     from racer_rs.loading import models as model_loading
 
     source = check_model(spec, what)
-    if source.kind == "gguf" and gguf_cache.cached_entry(source.location) is None:
+    if model_loading.needs_conversion(source):
+        what_file = source.location
+        if source.parts is not None:
+            what_file = f"{spec} (assembled from its {len(source.parts.parts)} part packages)"
         print(
-            f"racer: converting {source.location} to float weights once "
+            f"racer: converting {what_file} to float weights once "
             f"(cached in {gguf_cache.cache_root()}; later loads take seconds)",
             file=sys.stderr,
         )
