@@ -9,8 +9,8 @@ use std::borrow::Cow;
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Errors raised by the core. Bindings map `InvalidArgument` to `ValueError`, `Integrity` to
-/// `RuntimeError`, `CorruptFile` to `CorruptFileError` (a `ValueError`) and `Io` to the
-/// `OSError` subclass of its errno.
+/// `RuntimeError`, `CorruptFile` to `CorruptFileError` (a `ValueError`), `OutOfMemory` to
+/// `OutOfMemoryError` (a `MemoryError`) and `Io` to the `OSError` subclass of its errno.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// A caller passed a value outside its domain.
@@ -32,6 +32,14 @@ pub enum Error {
         source_name: String,
         /// What is wrong with it.
         msg: String,
+    },
+    /// The system cannot provide the memory a buffer needs.
+    #[error("out of memory: {what} needs {bytes} bytes")]
+    OutOfMemory {
+        /// What the buffer is for.
+        what: String,
+        /// Its size.
+        bytes: usize,
     },
     /// The operating system refused a file operation.
     #[error("{path}: {msg}")]

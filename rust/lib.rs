@@ -1,6 +1,7 @@
 //! racer_rs core: the retrieval automaton, the copy-logit table and draft-tree construction for
 //! RACER speculative decoding. Everything outside `bindings` is plain Rust with no pyo3.
 
+pub mod alloc;
 pub mod automaton;
 mod crc32;
 pub mod draft;

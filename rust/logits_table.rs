@@ -47,13 +47,14 @@ impl LogitsTable {
     /// `InvalidArgument` if `vocab_size` or `top_k` is below 1 or absurdly large.
     pub fn new(vocab_size: usize, top_k: usize) -> Result<Self> {
         let cells = Self::check_shape(vocab_size, top_k)?;
+        let what = format!("a copy-logit table of {vocab_size} rows x {top_k}");
         Ok(Self {
             vocab_size,
             top_k,
-            ids: vec![0; cells],
-            probs: vec![0.0; cells],
-            written: vec![false; vocab_size],
-            measured: vec![false; vocab_size],
+            ids: crate::alloc::filled("vocab_size", &what, cells, 0)?,
+            probs: crate::alloc::filled("vocab_size", &what, cells, 0.0)?,
+            written: crate::alloc::filled("vocab_size", &what, vocab_size, false)?,
+            measured: crate::alloc::filled("vocab_size", &what, vocab_size, false)?,
             rows_written: 0,
         })
     }
@@ -79,7 +80,14 @@ impl LogitsTable {
         vocab_size
             .checked_mul(top_k)
             .filter(|&c| c <= MAX_CELLS)
-            .ok_or_else(|| invalid("vocab_size", "vocab_size * top_k is too large"))
+            .ok_or_else(|| {
+                invalid(
+                    "vocab_size",
+                    format!(
+                        "vocab_size * top_k = {vocab_size} * {top_k} cells; at most {MAX_CELLS} (2**28)"
+                    ),
+                )
+            })
     }
 
     /// Number of token ids the table covers.

@@ -31,7 +31,7 @@ pub fn prompt_lookup(
         // Latest start i < len - n whose n-gram equals the suffix.
         if let Some(i) = (0..len - n).rev().find(|&i| &context[i..i + n] == suffix) {
             let start = i + n;
-            return Ok(context[start..(start + num_pred).min(len)].to_vec());
+            return Ok(context[start..start.saturating_add(num_pred).min(len)].to_vec());
         }
     }
     Ok(Vec::new())

@@ -216,10 +216,14 @@ impl DraftTree {
     }
 
     /// Row-major `n x n` ancestor-or-self mask.
-    #[must_use]
-    pub fn attention_mask(&self) -> Vec<bool> {
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `n * n` exceeds [`crate::alloc::MAX_ELEMENTS`] (trees of more than
+    /// 16,384 nodes), `OutOfMemory` when the system cannot provide it.
+    pub fn attention_mask(&self) -> Result<Vec<bool>> {
         let n = self.len();
-        let mut mask = vec![false; n * n];
+        let what = format!("the attention mask of a {n}-node tree ({n} x {n})");
+        let mut mask = crate::alloc::filled("attention_mask", &what, n.saturating_mul(n), false)?;
         mask[0] = true;
         for i in 1..n {
             let p = self.parents[i] as usize;
@@ -227,18 +231,29 @@ impl DraftTree {
             rest[..n].copy_from_slice(&done[p * n..p * n + n]);
             rest[i] = true;
         }
-        mask
+        Ok(mask)
     }
 
     /// Root-to-leaf node indices, one row per leaf (BFS order), padded with `-1`.
     /// Returns `(data, rows, cols)` with `cols = max_depth + 1`.
-    #[must_use]
-    pub fn leaf_paths(&self) -> (Vec<i32>, usize, usize) {
+    ///
+    /// # Errors
+    /// As [`DraftTree::attention_mask`], for `leaves * cols` elements.
+    pub fn leaf_paths(&self) -> Result<(Vec<i32>, usize, usize)> {
         let cols = self.max_depth() + 1;
         let leaves: Vec<usize> = (0..self.len())
             .filter(|&u| self.children(u).is_empty())
             .collect();
-        let mut data = vec![-1i32; leaves.len() * cols];
+        let what = format!(
+            "the leaf paths of a tree ({} leaves x {cols})",
+            leaves.len()
+        );
+        let mut data = crate::alloc::filled(
+            "leaf_paths",
+            &what,
+            leaves.len().saturating_mul(cols),
+            -1i32,
+        )?;
         for (row, &leaf) in leaves.iter().enumerate() {
             let mut u = leaf as i32;
             while u >= 0 {
@@ -246,7 +261,7 @@ impl DraftTree {
                 u = self.parents[u as usize];
             }
         }
-        (data, leaves.len(), cols)
+        Ok((data, leaves.len(), cols))
     }
 
     /// Greedy walk: from the root, follow the child whose token equals the parent's prediction.
@@ -453,12 +468,12 @@ mod tests {
     #[test]
     fn mask_and_accept() {
         let t = DraftTree::from_parents(vec![7, 1, 5, 2], vec![-1, 0, 0, 1]).unwrap();
-        let m = t.attention_mask();
+        let m = t.attention_mask().unwrap();
         assert_eq!(&m[12..16], &[true, true, false, true]);
         let (path, bonus) = t.greedy_accept(&[1, 2, 0, 8]).unwrap();
         assert_eq!(path, vec![0, 1, 3]);
         assert_eq!(bonus, 8);
-        let (paths, rows, cols) = t.leaf_paths();
+        let (paths, rows, cols) = t.leaf_paths().unwrap();
         assert_eq!((rows, cols), (2, 3));
         assert_eq!(paths, vec![0, 2, -1, 0, 1, 3]);
     }

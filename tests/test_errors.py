@@ -16,6 +16,7 @@ BUILTIN_OF = {
     errors.UnsupportedError: NotImplementedError,
     errors.StateError: RuntimeError,
     errors.MissingDependencyError: ImportError,
+    errors.OutOfMemoryError: MemoryError,
     errors.ModelSpecError: ValueError,
     errors.ModelLoadError: ValueError,
     errors.CorruptFileError: ValueError,

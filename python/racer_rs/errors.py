@@ -19,6 +19,7 @@ __all__ = [
     "MissingDependencyError",
     "ModelLoadError",
     "ModelSpecError",
+    "OutOfMemoryError",
     "RacerError",
     "StateError",
     "UnsupportedError",
@@ -44,6 +45,10 @@ class UnsupportedError(RacerError, NotImplementedError):
 
 class StateError(RacerError, RuntimeError):
     """An object is in a state that does not allow the call (e.g. a drafter serving another thread)."""
+
+
+class OutOfMemoryError(RacerError, MemoryError):
+    """A buffer a call needs is larger than the system can provide (the message names its size)."""
 
 
 class MissingDependencyError(RacerError, ImportError):

@@ -5,7 +5,7 @@ use numpy::{
 };
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBool, PyBytes, PyString};
 
 use super::errors::{type_error, value_error};
 
@@ -25,7 +25,13 @@ impl Tokens<'_> {
     }
 }
 
-fn to_i32(arg: &str, values: impl IntoIterator<Item = i64>) -> PyResult<Vec<i32>> {
+fn to_i32<T: Copy + std::fmt::Display>(
+    arg: &str,
+    values: impl IntoIterator<Item = T>,
+) -> PyResult<Vec<i32>>
+where
+    i32: TryFrom<T>,
+{
     values
         .into_iter()
         .map(|v| {
@@ -41,7 +47,22 @@ fn dtype_name(a: &Bound<'_, PyUntypedArray>) -> String {
         .map_or_else(|_| "unknown".into(), |s| s.to_string())
 }
 
-/// Extract a 1-D sequence of token ids from a list/tuple of ints or an int32/int64 array.
+/// A 1-D numpy array of another integer dtype than int32, range-checked element by element
+/// before narrowing (so ``2**32 + 5`` is an error, never 5).
+fn other_integer_array(obj: &Bound<'_, PyAny>, arg: &str) -> Option<PyResult<Vec<i32>>> {
+    macro_rules! try_dtype {
+        ($($t:ty),*) => {$(
+            if let Ok(a) = obj.extract::<PyReadonlyArray1<'_, $t>>() {
+                return Some(to_i32(arg, a.as_array().iter().copied()));
+            }
+        )*};
+    }
+    try_dtype!(i64, u64, i16, u16, i8, u8, u32);
+    None
+}
+
+/// Extract a 1-D sequence of token ids from a list/tuple of ints or an integer numpy array
+/// (int32 borrowed without a copy when contiguous; any other integer dtype range-checked).
 pub(crate) fn token_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tokens<'py>> {
     if let Ok(a) = obj.cast::<PyUntypedArray>() {
         if a.ndim() != 1 {
@@ -56,11 +77,11 @@ pub(crate) fn token_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tok
             }
             return Ok(Tokens::Owned(a32.as_array().to_vec()));
         }
-        if let Ok(a64) = obj.extract::<PyReadonlyArray1<'py, i64>>() {
-            return Ok(Tokens::Owned(to_i32(arg, a64.as_array().iter().copied())?));
+        if let Some(values) = other_integer_array(obj, arg) {
+            return Ok(Tokens::Owned(values?));
         }
         return Err(type_error(format!(
-            "{arg}: expected an int32 or int64 array, got dtype {}",
+            "{arg}: expected an integer array, got dtype {}",
             dtype_name(a)
         )));
     }
@@ -69,16 +90,29 @@ pub(crate) fn token_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tok
             "{arg}: expected a sequence of ints, got a string"
         )));
     }
-    let values: Vec<i64> = obj.extract().map_err(|_| {
-        let ty = obj
-            .get_type()
-            .name()
-            .map_or_else(|_| "?".into(), |n| n.to_string());
+    if let Ok(values) = obj.extract::<Vec<i64>>() {
+        return Ok(Tokens::Owned(to_i32(arg, values)?));
+    }
+    // Not a plain sequence of int64s: find the first element at fault and name it.
+    let ty = obj
+        .get_type()
+        .name()
+        .map_or_else(|_| "?".into(), |n| n.to_string());
+    let not_a_sequence = || {
         type_error(format!(
-            "{arg}: expected a sequence of ints or an int32/int64 array, got {ty}"
+            "{arg}: expected a sequence of ints or an integer array, got {ty}"
         ))
-    })?;
-    Ok(Tokens::Owned(to_i32(arg, values)?))
+    };
+    let items: Vec<Int> = obj.extract().map_err(|_| not_a_sequence())?;
+    let mut values = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let v = item.get(&format!("{arg}[{i}]"))?;
+        values.push(
+            i32::try_from(v)
+                .map_err(|_| value_error(arg, format!("value {v} does not fit in int32")))?,
+        );
+    }
+    Ok(Tokens::Owned(values))
 }
 
 /// Extract a 2-D array of element type `Narrow` (taken as is) or `Wide` (converted by `narrow`)
@@ -156,7 +190,8 @@ pub(crate) fn prob_vector(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f32
 }
 
 /// A Python int argument that must be a token id (non-negative int32).
-pub(crate) fn token_id(Int(value): Int, arg: &str) -> PyResult<i32> {
+pub(crate) fn token_id(value: Int, arg: &str) -> PyResult<i32> {
+    let value = value.get(arg)?;
     i32::try_from(value)
         .ok()
         .filter(|&t| t >= 0)
@@ -164,11 +199,23 @@ pub(crate) fn token_id(Int(value): Int, arg: &str) -> PyResult<i32> {
 }
 
 /// A Python int argument that must be at least `min`.
-pub(crate) fn at_least(Int(value): Int, min: i64, arg: &str) -> PyResult<usize> {
-    if value < min {
+pub(crate) fn at_least(value: Int, min: i64, arg: &str) -> PyResult<usize> {
+    let value = value.get(arg)?;
+    if value < i128::from(min) {
         return Err(value_error(arg, format!("must be >= {min}, got {value}")));
     }
-    usize::try_from(value).map_err(|_| value_error(arg, format!("{value} is too large")))
+    usize::try_from(value)
+        .map_err(|_| value_error(arg, format!("must be <= {}, got {value}", usize::MAX)))
+}
+
+/// A Python int argument that must be at least `min`, where any larger value means "no limit"
+/// (values beyond `usize` are taken as `usize::MAX`).
+pub(crate) fn at_least_or_unlimited(value: Int, min: i64, arg: &str) -> PyResult<usize> {
+    let value = value.get(arg)?;
+    if value < i128::from(min) {
+        return Err(value_error(arg, format!("must be >= {min}, got {value}")));
+    }
+    Ok(usize::try_from(value).unwrap_or(usize::MAX))
 }
 
 /// A 1-D int32 numpy array that takes ownership of `v` (no copy).
@@ -176,21 +223,171 @@ pub(crate) fn array1<'py>(py: Python<'py>, v: Vec<i32>) -> Bound<'py, PyArray1<i
     PyArray1::from_vec(py, v)
 }
 
-/// A Python int argument. Values beyond int64 saturate, so the range checks that follow reject
-/// them with the argument's name instead of raising `OverflowError`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Int(pub(crate) i64);
+/// A Python int argument, validated by the rule its consumer applies ([`at_least`],
+/// [`token_id`]): extraction never fails, so that a wrong type is reported as an
+/// `InvalidTypeError` naming the argument (PyO3's own extraction error would be a plain
+/// `TypeError`). Values beyond 128 bits saturate (they are out of every range anyway).
+#[derive(Debug, Clone)]
+pub(crate) struct Int(Result<i128, String>);
+
+impl Int {
+    /// A default value.
+    pub(crate) const fn of(value: i128) -> Self {
+        Self(Ok(value))
+    }
+
+    /// Whether the argument was an int.
+    pub(crate) fn is_int(&self) -> bool {
+        self.0.is_ok()
+    }
+
+    /// The value, or an `InvalidTypeError` naming `arg` (bools are not ints here, as in the
+    /// Python layer's rules).
+    pub(crate) fn get(&self, arg: &str) -> PyResult<i128> {
+        match &self.0 {
+            Ok(value) => Ok(*value),
+            Err(type_name) => Err(type_error(format!("{arg} must be an int, got {type_name}"))),
+        }
+    }
+}
 
 impl<'a, 'py> FromPyObject<'a, 'py> for Int {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        match obj.extract::<i64>() {
-            Ok(v) => Ok(Self(v)),
+        if obj.is_instance_of::<PyBool>() {
+            return Ok(Self(Err("bool".into())));
+        }
+        match obj.extract::<i128>() {
+            Ok(v) => Ok(Self(Ok(v))),
             Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {
-                Ok(Self(if obj.lt(0)? { i64::MIN } else { i64::MAX }))
+                Ok(Self(Ok(if obj.lt(0)? { i128::MIN } else { i128::MAX })))
             }
-            Err(e) => Err(e),
+            Err(_) => Ok(Self(Err(type_name(&obj)))),
         }
     }
+}
+
+/// A Python bool argument (numpy's too), validated with the argument's name (see [`Int`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Flag(Result<bool, String>);
+
+impl Flag {
+    /// A default value.
+    pub(crate) const fn of(value: bool) -> Self {
+        Self(Ok(value))
+    }
+
+    /// The value, or an `InvalidTypeError` naming `arg`.
+    pub(crate) fn get(&self, arg: &str) -> PyResult<bool> {
+        match &self.0 {
+            Ok(value) => Ok(*value),
+            Err(type_name) => Err(type_error(format!(
+                "{arg} must be True or False, got {type_name}"
+            ))),
+        }
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Flag {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Ok(Self(obj.extract::<bool>().map_err(|_| type_name(&obj))))
+    }
+}
+
+/// A finite real Python number, validated with the argument's name (see [`Int`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Real(Result<f64, String>);
+
+impl Real {
+    /// A default value.
+    pub(crate) const fn of(value: f64) -> Self {
+        Self(Ok(value))
+    }
+
+    /// The value in `[min, max]`, or an error naming `arg`: `InvalidTypeError` for a non-number
+    /// (or a bool), `InvalidArgumentError` for NaN, an infinity or a value out of range.
+    pub(crate) fn within(&self, arg: &str, min: f64, max: f64) -> PyResult<f64> {
+        match &self.0 {
+            Err(type_name) => Err(type_error(format!(
+                "{arg} must be a number, got {type_name}"
+            ))),
+            Ok(v) if !v.is_finite() => Err(value_error(arg, format!("must be finite, got {v}"))),
+            Ok(v) if !(min..=max).contains(v) => Err(value_error(
+                arg,
+                format!("must be in [{min}, {max}], got {v}"),
+            )),
+            Ok(v) => Ok(*v),
+        }
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Real {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if obj.is_instance_of::<PyBool>() {
+            return Ok(Self(Err("bool".into())));
+        }
+        Ok(Self(obj.extract::<f64>().map_err(|_| type_name(&obj))))
+    }
+}
+
+/// A Python str argument, validated with the argument's name (see [`Int`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Text(Result<String, String>);
+
+impl Text {
+    /// A default value.
+    pub(crate) fn of(value: &str) -> Self {
+        Self(Ok(value.to_string()))
+    }
+
+    /// The value, one of `options`, or an error naming `arg`.
+    pub(crate) fn one_of(&self, arg: &str, options: &[&str]) -> PyResult<String> {
+        let choices = options.join("', '");
+        match &self.0 {
+            Err(type_name) => Err(type_error(format!(
+                "{arg} must be one of '{choices}', got {type_name}"
+            ))),
+            Ok(v) if !options.contains(&v.as_str()) => Err(value_error(
+                arg,
+                format!("must be one of '{choices}', got {v:?}"),
+            )),
+            Ok(v) => Ok(v.clone()),
+        }
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Text {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Ok(Self(obj.extract::<String>().map_err(|_| type_name(&obj))))
+    }
+}
+
+/// `obj` as the native class `T`, or an `InvalidTypeError` naming `arg` and what it expects.
+pub(crate) fn native<'py, T: pyo3::PyClass>(
+    obj: &Bound<'py, PyAny>,
+    arg: &str,
+    expected: &str,
+) -> PyResult<Bound<'py, T>> {
+    obj.cast::<T>().cloned().map_err(|_| {
+        type_error(format!(
+            "{arg} must be {expected}, got {}",
+            obj.get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        ))
+    })
+}
+
+/// The Python type name of `obj`, for messages.
+pub(crate) fn type_name(obj: &Borrowed<'_, '_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "?".into(), |n| n.to_string())
 }

@@ -51,7 +51,7 @@ fn path_arg(obj: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
 #[pymethods]
 impl PyAutomaton {
     #[new]
-    #[pyo3(signature = (ngram = Int(10), max_nodes = None, min_depth = Int(2), *, capacity = None))]
+    #[pyo3(signature = (ngram = Int::of(10), max_nodes = None, min_depth = Int::of(2), *, capacity = None))]
     #[pyo3(text_signature = "(ngram=10, max_nodes=None, min_depth=2, *, capacity=None)")]
     fn py_new(
         ngram: Int,
@@ -70,7 +70,7 @@ impl PyAutomaton {
             }
             (Some(n), None) => ("max_nodes", n),
             (None, Some(c)) => ("capacity", c),
-            (None, None) => ("max_nodes", Int(10_000)),
+            (None, None) => ("max_nodes", Int::of(10_000)),
         };
         let capacity = at_least(budget, 1, name)?;
         let min_depth = at_least(min_depth, 1, "min_depth")?;

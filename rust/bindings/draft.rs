@@ -3,7 +3,7 @@
 use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 use pyo3::prelude::*;
 
-use super::arrays::{Int, at_least, prob_vector, token_arg, token_id};
+use super::arrays::{Flag, Int, Real, at_least, native, prob_vector, token_arg, token_id};
 use super::automaton::PyAutomaton;
 use super::errors::value_error;
 use super::logits_table::{PyLogitsTable, exempt};
@@ -37,26 +37,37 @@ fn lock_pair<'a>(
 /// RACER's draft tree: ``draft_chain`` first, then retrieval paths (the request's, then the
 /// shared automaton's), then the logits tree; the budget is charged after merging.
 #[pyfunction]
-#[pyo3(signature = (automaton, table, next_token, capacity = Int(64), *, use_retrieval = true, use_logits = true, draft_chain = None, exempt_depth = Int(1), scored = false, min_score = 0.0, calibration = None, shared = None))]
+#[pyo3(signature = (automaton, table, next_token, capacity = Int::of(64), *, use_retrieval = Flag::of(true), use_logits = Flag::of(true), draft_chain = None, exempt_depth = Int::of(1), scored = Flag::of(false), min_score = Real::of(0.0), calibration = None, shared = None))]
 #[pyo3(
     text_signature = "(automaton, table, next_token, capacity=64, *, use_retrieval=True, use_logits=True, draft_chain=None, exempt_depth=1, scored=False, min_score=0.0, calibration=None, shared=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn build_draft_tree(
     py: Python<'_>,
-    automaton: &PyAutomaton,
-    table: &PyLogitsTable,
+    automaton: &Bound<'_, PyAny>,
+    table: &Bound<'_, PyAny>,
     next_token: Int,
     capacity: Int,
-    use_retrieval: bool,
-    use_logits: bool,
+    use_retrieval: Flag,
+    use_logits: Flag,
     draft_chain: Option<&Bound<'_, PyAny>>,
     exempt_depth: Int,
-    scored: bool,
-    min_score: f64,
+    scored: Flag,
+    min_score: Real,
     calibration: Option<&Bound<'_, PyAny>>,
-    shared: Option<&PyAutomaton>,
+    shared: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyDraftTree> {
+    let automaton = native::<PyAutomaton>(automaton, "automaton", "an Automaton")?;
+    let table = native::<PyLogitsTable>(table, "table", "a LogitsTable")?;
+    let shared = shared
+        .filter(|s| !s.is_none())
+        .map(|s| native::<PyAutomaton>(s, "shared", "an Automaton or None"))
+        .transpose()?;
+    let (automaton, table, shared) = (
+        automaton.get(),
+        table.get(),
+        shared.as_ref().map(Bound::get),
+    );
     let next_token = token_id(next_token, "next_token")?;
     if shared.is_some_and(|s| std::ptr::eq(s, automaton)) {
         return Err(value_error(
@@ -66,12 +77,12 @@ pub(crate) fn build_draft_tree(
     }
     let options = DraftOptions {
         capacity: at_least(capacity, 1, "capacity")?,
-        use_retrieval,
-        use_logits,
+        use_retrieval: use_retrieval.get("use_retrieval")?,
+        use_logits: use_logits.get("use_logits")?,
         exempt_depth: exempt(exempt_depth)?,
-        scored,
+        scored: scored.get("scored")?,
         #[allow(clippy::cast_possible_truncation)] // a threshold: f32 precision is plenty
-        min_score: if min_score.is_nan() { -1.0 } else { min_score as f32 },
+        min_score: min_score.within("min_score", 0.0, 1.0)? as f32,
     };
     let chain = draft_chain
         .map(|c| token_arg(c, "draft_chain"))

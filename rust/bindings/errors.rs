@@ -2,8 +2,8 @@
 //! `RacerError` that is also the builtin a caller would catch (`ValueError`, `TypeError`, ...).
 
 use pyo3::exceptions::{
-    PyFileNotFoundError, PyIsADirectoryError, PyOSError, PyPermissionError, PyRuntimeError,
-    PyTypeError, PyValueError,
+    PyFileNotFoundError, PyIsADirectoryError, PyMemoryError, PyOSError, PyPermissionError,
+    PyRuntimeError, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -15,6 +15,7 @@ static INVALID_ARGUMENT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static INVALID_TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static STATE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static CORRUPT_FILE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static OUT_OF_MEMORY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 /// An instance of `racer_rs.errors.<name>`; the builtin `fallback` only if that module cannot be
 /// imported (it is pure Python beside the extension, so only a broken install gets there).
@@ -36,6 +37,12 @@ impl From<Error> for PyErr {
             Error::InvalidArgument { .. } => invalid_argument(e.to_string()),
             Error::Integrity(_) => state_error(e.to_string()),
             Error::CorruptFile { .. } => corrupt_file(e.to_string()),
+            Error::OutOfMemory { .. } => racer_error(
+                &OUT_OF_MEMORY,
+                "OutOfMemoryError",
+                PyMemoryError::new_err,
+                e.to_string(),
+            ),
             Error::Io {
                 path,
                 kind,

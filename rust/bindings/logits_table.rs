@@ -14,7 +14,8 @@ pub struct PyLogitsTable {
     pub(crate) inner: RwLock<LogitsTable>,
 }
 
-pub(crate) fn exempt(Int(value): Int) -> PyResult<u32> {
+pub(crate) fn exempt(value: Int) -> PyResult<u32> {
+    let value = value.get("exempt_depth")?;
     u32::try_from(value).map_err(|_| {
         super::errors::value_error("exempt_depth", format!("must be >= 0, got {value}"))
     })
@@ -23,7 +24,7 @@ pub(crate) fn exempt(Int(value): Int) -> PyResult<u32> {
 #[pymethods]
 impl PyLogitsTable {
     #[new]
-    #[pyo3(signature = (vocab_size, top_k = Int(8)))]
+    #[pyo3(signature = (vocab_size, top_k = Int::of(8)))]
     #[pyo3(text_signature = "(vocab_size, top_k=8)")]
     fn py_new(vocab_size: Int, top_k: Int) -> PyResult<Self> {
         let vocab_size = at_least(vocab_size, 1, "vocab_size")?;
@@ -116,7 +117,7 @@ impl PyLogitsTable {
         self.inner.read().memory_bytes()
     }
 
-    #[pyo3(signature = (root, budget, exempt_depth = Int(1)))]
+    #[pyo3(signature = (root, budget, exempt_depth = Int::of(1)))]
     #[pyo3(text_signature = "(self, root, budget, exempt_depth=1)")]
     fn expand(
         &self,

@@ -6,7 +6,9 @@ use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyList, PyString, PyTuple};
 
-use super::arrays::{Int, Tokens, array1, at_least, matrix, prob_matrix, prob_vector, token_arg};
+use super::arrays::{
+    Flag, Int, Real, Text, Tokens, array1, at_least, matrix, prob_matrix, prob_vector, token_arg,
+};
 use super::errors::{type_error, value_error};
 use super::logits_table::exempt;
 use super::tree::PyDraftTree;
@@ -84,17 +86,23 @@ fn element(arg: &str, i: usize, ids: &[RequestId]) -> String {
         .map_or_else(|| format!("{arg}[{i}]"), |id| format!("{arg}[{i}] ({id})"))
 }
 
-fn capacity_value(Int(v): Int, arg: impl FnOnce() -> String) -> PyResult<usize> {
+fn capacity_value(v: &Int, arg: impl FnOnce() -> String) -> PyResult<usize> {
+    let name = arg();
+    let v = v.get(&name)?;
     usize::try_from(v)
         .ok()
         .filter(|c| (1..=MAX_TREE_NODES).contains(c))
-        .ok_or_else(|| value_error(&arg(), format!("must be in 1..={MAX_TREE_NODES}, got {v}")))
+        .ok_or_else(|| value_error(&name, format!("must be in 1..={MAX_TREE_NODES}, got {v}")))
 }
 
 /// One node budget per request: an int for all, or one int per id.
 fn capacities(obj: &Bound<'_, PyAny>, ids: &[RequestId]) -> PyResult<Vec<usize>> {
-    if let Ok(c) = obj.extract::<Int>() {
-        return Ok(vec![capacity_value(c, || "capacity".into())?; ids.len()]);
+    let scalar = obj.extract::<Int>()?;
+    if scalar.is_int() {
+        return Ok(vec![
+            capacity_value(&scalar, || "capacity".into())?;
+            ids.len()
+        ]);
     }
     let values = items(obj, "capacity", "an int or a sequence of ints (one per id)")?;
     if values.len() != ids.len() {
@@ -110,16 +118,7 @@ fn capacities(obj: &Bound<'_, PyAny>, ids: &[RequestId]) -> PyResult<Vec<usize>>
     values
         .iter()
         .enumerate()
-        .map(|(i, v)| {
-            let c = v.extract::<Int>().map_err(|_| {
-                type_error(format!(
-                    "{}: expected an int, got {}",
-                    element("capacity", i, ids),
-                    type_name(v)
-                ))
-            })?;
-            capacity_value(c, || element("capacity", i, ids))
-        })
+        .map(|(i, v)| capacity_value(&v.extract::<Int>()?, || element("capacity", i, ids)))
         .collect()
 }
 
@@ -132,7 +131,7 @@ pub struct PyDraftPool {
 #[pymethods]
 impl PyDraftPool {
     #[new]
-    #[pyo3(signature = (vocab_size, *, ngram = Int(10), max_nodes = Int(10_000), breadth = Int(8), min_depth = Int(2), exempt_depth = Int(1), tree = "halving", min_score = 0.0, use_retrieval = true, use_logits = true, threads = Int(1)))]
+    #[pyo3(signature = (vocab_size, *, ngram = Int::of(10), max_nodes = Int::of(10_000), breadth = Int::of(8), min_depth = Int::of(2), exempt_depth = Int::of(1), tree = Text::of("halving"), min_score = Real::of(0.0), use_retrieval = Flag::of(true), use_logits = Flag::of(true), threads = Int::of(1)))]
     #[pyo3(
         text_signature = "(vocab_size, *, ngram=10, max_nodes=10000, breadth=8, min_depth=2, exempt_depth=1, tree='halving', min_score=0.0, use_retrieval=True, use_logits=True, threads=1)"
     )]
@@ -144,22 +143,13 @@ impl PyDraftPool {
         breadth: Int,
         min_depth: Int,
         exempt_depth: Int,
-        tree: &str,
-        min_score: f64,
-        use_retrieval: bool,
-        use_logits: bool,
+        tree: Text,
+        min_score: Real,
+        use_retrieval: Flag,
+        use_logits: Flag,
         threads: Int,
     ) -> PyResult<Self> {
-        let scored = match tree {
-            "halving" => false,
-            "scored" => true,
-            other => {
-                return Err(value_error(
-                    "tree",
-                    format!("must be 'halving' or 'scored', got {other:?}"),
-                ));
-            }
-        };
+        let scored = tree.one_of("tree", &["halving", "scored"])? == "scored";
         let options = PoolOptions {
             vocab_size: at_least(vocab_size, 1, "vocab_size")?,
             ngram: at_least(ngram, 2, "ngram")?,
@@ -169,9 +159,9 @@ impl PyDraftPool {
             exempt_depth: exempt(exempt_depth)?,
             scored,
             #[allow(clippy::cast_possible_truncation)] // a threshold: f32 precision is plenty
-            min_score: if min_score.is_nan() { -1.0 } else { min_score as f32 },
-            use_retrieval,
-            use_logits,
+            min_score: min_score.within("min_score", 0.0, 1.0)? as f32,
+            use_retrieval: use_retrieval.get("use_retrieval")?,
+            use_logits: use_logits.get("use_logits")?,
         };
         let threads = at_least(threads, 1, "threads")?;
         Ok(Self {
@@ -473,12 +463,13 @@ impl PyBatchDraft {
     fn tree(&self, i: Int) -> PyResult<PyDraftTree> {
         let bs = self.inner.len();
         #[allow(clippy::cast_possible_wrap)] // batches are far below 2**63
-        let index = if i.0 < 0 { i.0 + bs as i64 } else { i.0 };
+        let i = i.get("i")?;
+        let index = if i < 0 { i + bs as i128 } else { i };
         usize::try_from(index)
             .ok()
             .and_then(|j| self.inner.trees().get(j))
             .map(|t| t.clone().into())
-            .ok_or_else(|| value_error("i", format!("index {} is outside -{bs}..{bs}", i.0)))
+            .ok_or_else(|| value_error("i", format!("index {i} is outside -{bs}..{bs}")))
     }
 
     /// ``(tokens int64[bs * n], mask bool[bs * n * n])``: SGLang's n-gram layout.

@@ -91,12 +91,12 @@ impl PyDraftTree {
     /// ``bool[n, n]``: row ``i`` marks the ancestors of ``i`` and ``i`` itself.
     fn attention_mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<bool>>> {
         let n = self.inner.len();
-        PyArray1::from_vec(py, self.inner.attention_mask()).reshape([n, n])
+        PyArray1::from_vec(py, self.inner.attention_mask()?).reshape([n, n])
     }
 
     /// ``int32[leaves, max_depth + 1]``: root-to-leaf node indices padded with ``-1``.
     fn leaf_paths<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i32>>> {
-        let (data, rows, cols) = self.inner.leaf_paths();
+        let (data, rows, cols) = self.inner.leaf_paths()?;
         array1(py, data).reshape([rows, cols])
     }
 

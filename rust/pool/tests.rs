@@ -427,7 +427,7 @@ fn sglang_layout_cuts_or_pads_and_masks_ancestors() {
         &tokens[..7],
         t.tokens().iter().map(|&x| i64::from(x)).collect::<Vec<_>>()
     );
-    assert_eq!(&mask[..49], t.attention_mask().as_slice());
+    assert_eq!(&mask[..49], t.attention_mask().unwrap().as_slice());
     assert!(batch.sglang(0).is_err());
     assert!(batch.sglang(1 << 14).is_err());
 }

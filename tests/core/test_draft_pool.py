@@ -540,7 +540,7 @@ BAD_CALLS = [
     (lambda p: p.add(7, [1]), InvalidArgumentError, r"^id \(7\): already in the pool"),
     (lambda p: p.add("new", [1, 10]), InvalidArgumentError, r"^prompt_ids \('new'\): token 10 is outside 0\.\.10"),
     (lambda p: p.add("new", [1, -1]), InvalidArgumentError, r"^prompt_ids \('new'\): token -1"),
-    (lambda p: p.add("new", np.array([1.0])), InvalidTypeError, r"^prompt_ids \('new'\): expected an int32"),
+    (lambda p: p.add("new", np.array([1.0])), InvalidTypeError, r"^prompt_ids \('new'\): expected an integer array"),
     (lambda p: p.add(1.5, [1]), InvalidTypeError, r"^id: a request id must be an int or a str, got float"),
     (lambda p: p.add(True, [1]), InvalidTypeError, r"^id: .* got bool"),
     (lambda p: p.add(2**70, [1]), InvalidArgumentError, r"^id: int id 1180591620717411303424 does not fit"),
@@ -563,7 +563,11 @@ BAD_CALLS = [
         InvalidArgumentError,
         r"^tokens: expected one token array per id \(2\), got 3",
     ),
-    (lambda p: p.extend(["a", 7], [[1], np.array([1.5])]), InvalidTypeError, r"^tokens\[1\] \(7\): expected an int32"),
+    (
+        lambda p: p.extend(["a", 7], [[1], np.array([1.5])]),
+        InvalidTypeError,
+        r"^tokens\[1\] \(7\): expected an integer array",
+    ),
     (lambda p: p.extend(["a", 7], [[1], "xy"]), InvalidTypeError, r"^tokens\[1\] \(7\): expected a sequence of ints"),
     (
         lambda p: p.extend(["a", 7], np.array([1, 2, 3], dtype=I32)),
@@ -684,7 +688,7 @@ BAD_CALLS = [
     (
         lambda p: p.propose(["a", 7], [1, 2], [8, "x"]),
         InvalidTypeError,
-        r"^capacity\[1\] \(7\): expected an int, got str",
+        r"^capacity\[1\] \(7\) must be an int, got str",
     ),
     (lambda p: p.propose(["a", 7], [1, 2], 8, calibration=[0.5]), InvalidArgumentError, r"^calibration: needs"),
     (
@@ -692,7 +696,11 @@ BAD_CALLS = [
         InvalidArgumentError,
         r"^calibration: probabilities must be in \[0, 1\]",
     ),
-    (lambda p: p.propose(["a", 7], np.array([1.0, 2.0]), 8), InvalidTypeError, r"^last_tokens: expected an int32"),
+    (
+        lambda p: p.propose(["a", 7], np.array([1.0, 2.0]), 8),
+        InvalidTypeError,
+        r"^last_tokens: expected an integer array",
+    ),
     (
         lambda p: p.propose(["a", 2.5], [1, 2], 8),
         InvalidTypeError,
@@ -721,7 +729,7 @@ def test_failed_calls_name_the_request_and_change_no_state(call, exc, message):
 BAD_CONSTRUCTORS = [
     ({"vocab_size": 0}, InvalidArgumentError, r"^vocab_size: must be >= 1"),
     ({"vocab_size": 2**40}, InvalidArgumentError, r"^vocab_size: must be in"),
-    ({"vocab_size": 10, "tree": "greedy"}, InvalidArgumentError, r"^tree: must be 'halving' or 'scored'"),
+    ({"vocab_size": 10, "tree": "greedy"}, InvalidArgumentError, r"^tree: must be one of 'halving', 'scored'"),
     ({"vocab_size": 10, "min_score": 1.5}, InvalidArgumentError, r"^min_score: must be in \[0, 1\]"),
     ({"vocab_size": 10, "min_score": float("nan")}, InvalidArgumentError, r"^min_score"),
     ({"vocab_size": 10, "use_retrieval": False, "use_logits": False}, InvalidArgumentError, r"cannot both be False"),
