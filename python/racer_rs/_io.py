@@ -6,6 +6,7 @@ no temporary file behind. Shared by every cache and checkpoint writer of the pac
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -47,3 +48,48 @@ def file_digest(path: Path) -> str:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def check_writable_folder(folder: Path, what: str) -> None:
+    """Raise unless ``folder`` exists or can be created, and a file can be written in it.
+
+    Checked before any work starts, so that an unwritable output (a read-only folder, a path
+    under a file) is not discovered only after a long run. Folders it had to create for the
+    check are removed again: nothing is left behind if the run then fails for another reason.
+
+    Raises:
+        InvalidArgumentError: naming ``what`` and the operating system's reason.
+    """
+    from racer_rs.errors import InvalidArgumentError
+
+    if folder.exists() and not folder.is_dir():
+        raise InvalidArgumentError(f"{what} {folder} exists and is not a folder")
+    created = [parent for parent in [folder, *folder.parents] if not parent.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with staged_file(folder, ".racer-write-check-"):
+            pass
+    except OSError as exc:
+        raise InvalidArgumentError(f"{what} {folder}: cannot write there ({exc.strerror or exc})") from None
+    finally:
+        for parent in created:  # deepest first
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+
+
+def write_or_fall_back(path: Path, text: str) -> tuple[Path, str | None]:
+    """Write ``text`` to ``path`` atomically; if that fails, to a file in the temporary folder.
+
+    Returns:
+        ``(where it was written, the first write's error or None)``; results are never lost
+        to a full disk or a folder that became unwritable during a run.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(path, text)
+        return path, None
+    except OSError as exc:
+        handle, fallback = tempfile.mkstemp(prefix=f"racer-{path.stem}-", suffix=path.suffix or ".txt")
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        return Path(fallback), str(exc.strerror or exc)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from racer_rs._io import write_text_atomically
+from racer_rs._io import write_or_fall_back
 from racer_rs.bench.runner import BASELINE, Record
 from racer_rs.bench.stats import Estimate, disturbed, geometric_mean
 
@@ -289,6 +289,11 @@ def build_report(config: dict[str, Any], records: Sequence[Record], summary: dic
     return report
 
 
-def write_json(report: dict[str, Any], path: Path) -> None:
-    """Write the report as indented JSON (non-finite numbers already mapped to null)."""
-    write_text_atomically(path, json.dumps(report, indent=1, allow_nan=False) + "\n")
+def write_json(report: dict[str, Any], path: Path) -> tuple[Path, str | None]:
+    """Write the report as indented JSON (non-finite numbers already mapped to null); when
+    ``path`` cannot be written, to a file in the temporary folder instead.
+
+    Returns:
+        Where it was written, and why ``path`` could not be (``None`` when it was).
+    """
+    return write_or_fall_back(path, json.dumps(report, indent=1, allow_nan=False) + "\n")

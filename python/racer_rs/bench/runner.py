@@ -188,6 +188,11 @@ class BenchmarkRunner:
         self._make_drafter = make_drafter
         self._peer_generate = peer_generate
         self._synchronize = _device_synchronizer(model)
+        #: Every finished question's records so far (a run that stops early keeps them).
+        self.records: list[Record] = []
+        #: Questions left out because a prompt outgrew the model's window, with the reason.
+        self.skipped: list[dict[str, Any]] = []
+        self._window = _model_window(model)
         #: Per method in persistent mode: "persistent", or "stateless" when it takes no such option;
         #: in either mode, :data:`LEARNS_ACROSS_REQUESTS` for a method that always keeps what it
         #: learned from earlier requests (SuffixDecoding's global tree).
@@ -233,7 +238,7 @@ class BenchmarkRunner:
             progress: Called with every record as soon as it is measured.
             phase: Called with a short description when a warm-up or a setting starts.
         """
-        records: list[Record] = []
+        self.records = records = []
         for setting in self.config.settings:
             drafters = self.build_drafters()
             if phase is not None and self.config.warmup:
@@ -243,12 +248,24 @@ class BenchmarkRunner:
                 phase(f"bench [{setting.label}]")
             for index, question in enumerate(questions):
                 question_records: list[Record] = []
-                for method, ar_pass in self.question_order(index):
-                    for record in self._run_question(index, question, method, setting, drafters[method]):
-                        record.ar_pass = ar_pass
-                        question_records.append(record)
-                        if progress is not None:
-                            progress(record)
+                try:
+                    for method, ar_pass in self.question_order(index):
+                        for record in self._run_question(index, question, method, setting, drafters[method]):
+                            record.ar_pass = ar_pass
+                            question_records.append(record)
+                            if progress is not None:
+                                progress(record)
+                except PromptTooLong as skip:
+                    # The other questions are still measured; this one is reported as skipped.
+                    self.skipped.append(
+                        {
+                            "setting": setting.label,
+                            "question_id": question.question_id,
+                            "source": f"{question.source}:{question.line}",
+                            "reason": str(skip),
+                        }
+                    )
+                    continue
                 if setting.greedy:
                     _check_against_ar(question_records, self.model)
                 records.extend(question_records)
@@ -355,6 +372,11 @@ class BenchmarkRunner:
         records = []
         for turn in range(len(question.turns)):
             prompt = self._encode(question, turn, answers)
+            if self._window is not None and len(prompt) + self.config.max_new_tokens > self._window:
+                raise PromptTooLong(
+                    f"turn {turn + 1} of {question.source}:{question.line} ({method}) has {len(prompt)} prompt tokens; "
+                    f"with {self.config.max_new_tokens} new tokens that exceeds the model's window of {self._window}"
+                )
             runs = [self._call(prompt, method, setting, drafter, seed, question) for _ in range(self.config.repeat)]
             walls = [wall for _, wall in runs]
             # Report the run with the median wall time (the lower one for an even count), so
@@ -416,6 +438,19 @@ def _check_against_ar(records: list[Record], model: Any) -> None:
             prefix = ar.prompt_ids + ar.tokens[:index]
             gap, tolerance = divergence_gap(model, prefix, ar.tokens[index], record.tokens[index])
             record.near_tie, record.tie_gap, record.tie_tolerance = abs(gap) <= tolerance, gap, tolerance
+
+
+class PromptTooLong(Exception):
+    """A question's prompt (plus the token budget) does not fit the model's window."""
+
+
+def _model_window(model: Any) -> int | None:
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(text, "max_position_embeddings", None)
+    return int(window) if isinstance(window, int) and window > 0 else None
 
 
 def _verified_nodes(result: Any) -> int:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from racer_rs._io import check_writable_folder
 from racer_rs.bench.hf_peers import PEERS
 from racer_rs.bench.prompts import load_benchmark
 from racer_rs.bench.report import build_report, format_table, mismatched_records, summarise, write_json
@@ -29,7 +30,7 @@ from racer_rs.bench.runner import (
     split_label,
 )
 from racer_rs.cli import common
-from racer_rs.cli.errors import EXIT_MISMATCH, CLIError
+from racer_rs.cli.errors import EXIT_MISMATCH, EXIT_USAGE, CLIError
 from racer_rs.cli.options import parse_options
 from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
 from racer_rs.loading.models import eos_token_ids
@@ -119,7 +120,7 @@ def add_parser(subparsers: Any) -> None:
         default=64,
         help="largest tree --capacity auto may verify (default: 64)",
     )
-    parser.add_argument("--seed", type=common.non_negative_int, default=0, help="question i uses seed + i")
+    parser.add_argument("--seed", type=common.seed, default=0, help="question i uses seed + i")
     parser.add_argument("--persistent", action="store_true", help="keep drafter state across requests")
     parser.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -158,6 +159,25 @@ def _methods(args: argparse.Namespace) -> list[str]:
         methods.remove("ar")
         methods.insert(0, "ar")
     return methods
+
+
+def applicable_options(
+    options: dict[str, dict[str, Any]], items: list[str], methods: list[str]
+) -> dict[str, dict[str, Any]]:
+    """An unscoped ``--option KEY=VALUE`` goes to the listed methods that take ``KEY`` (ar is
+    always added; transformers' peers take none); it is an error only when none of them does.
+    Scoped options (``METHOD.KEY=VALUE``) stay with their method, which must take them."""
+    from racer_rs.drafters import accepted_options
+
+    unscoped = {item.partition("=")[0].strip() for item in items if "." not in item.partition("=")[0]}
+    takes = {m: set(accepted_options(split_label(m)[0])) if split_label(m)[0] not in PEERS else set() for m in methods}
+    for key in sorted(unscoped):
+        if not any(key in takes[m] for m in methods):
+            raise CLIError(f"--option {key}: none of the listed methods ({', '.join(methods)}) takes it")
+        for method in methods:
+            if key not in takes[method]:
+                options[method].pop(key, None)
+    return options
 
 
 def _settings(args: argparse.Namespace) -> list[Setting]:
@@ -279,6 +299,29 @@ def run(args: argparse.Namespace) -> int:
         return _run(args)
 
 
+def _save_partial(
+    args: argparse.Namespace,
+    models: common.LoadedModels,
+    data: list[str],
+    config: BenchConfig,
+    runner: BenchmarkRunner,
+    out: Path,
+    stopped: BaseException,
+) -> None:
+    """A run that stops early (an error, Ctrl-C) keeps its finished questions in a partial report."""
+    if not runner.records:
+        return
+    methods = config.methods
+    report = build_report(
+        _config(args, models, data, config, runner.state_by_method), runner.records, summarise(runner.records, methods)
+    )
+    report |= {"partial": True, "stopped_by": f"{type(stopped).__name__}: {stopped}", "skipped": runner.skipped}
+    path, failure = write_json(report, out / "bench.partial.json")
+    print(f"racer: the run stopped; {len(runner.records)} finished record(s) are saved in {path}", file=sys.stderr)
+    if failure is not None:
+        print(f"racer: ({out / 'bench.partial.json'} could not be written: {failure})", file=sys.stderr)
+
+
 def _run(args: argparse.Namespace) -> int:
     from racer_rs import drafters
     from racer_rs.engine import generation
@@ -286,10 +329,9 @@ def _run(args: argparse.Namespace) -> int:
     data = [str(p) for p in args.data] if args.data else [resolve_shipped(p, "--data") for p in DEFAULT_BENCH_DATA]
     questions = load_benchmark(data, args.limit)
     methods = _methods(args)
-    options = parse_options(args.option, methods)
+    options = applicable_options(parse_options(args.option, methods), args.option, methods)
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise CLIError(f"--out {out} exists and is not a folder")
+    check_writable_folder(out, "--out")  # before any work: results must have somewhere to go
 
     models = common.LoadedModels(args, [split_label(m)[0] for m in methods])
     config = BenchConfig(
@@ -314,8 +356,18 @@ def _run(args: argparse.Namespace) -> int:
     progress = _Progress(calls, enabled=not args.no_progress)
     try:
         records = runner.run(questions, progress, progress.phase)
-    finally:
+    except BaseException as stopped:
         progress.close()
+        _save_partial(args, models, data, config, runner, out, stopped)
+        raise
+    progress.close()
+    if runner.skipped:
+        for skip in runner.skipped:
+            print(
+                f"racer: skipped question {skip['question_id']} ({skip['setting']}): {skip['reason']}", file=sys.stderr
+            )
+        if not records:
+            raise CLIError("every question was skipped: their prompts do not fit the model's window")
 
     summary = summarise(records, methods)
     print(format_table(summary, methods))
@@ -325,16 +377,19 @@ def _run(args: argparse.Namespace) -> int:
             f"note: {', '.join(learning)}: global tree of past responses learns across requests "
             "(kept between questions, unlike the other methods' state without --persistent)"
         )
-    out.mkdir(parents=True, exist_ok=True)
     report = build_report(_config(args, models, data, config, runner.state_by_method), records, summary)
-    json_path = out / "bench.json"
-    write_json(report, json_path)
+    report["skipped"] = runner.skipped
+    json_path, failure = write_json(report, out / "bench.json")
+    if failure is not None:
+        print(f"racer: could not write {out / 'bench.json'} ({failure}); the report is in {json_path}", file=sys.stderr)
     written = [json_path]
-    if not args.no_plots:
+    if not args.no_plots and failure is None:
         from racer_rs.bench.plots import write_plots
 
         written += write_plots(summary, records, methods, config.max_new_tokens, out)
     print("wrote " + ", ".join(str(p) for p in written))
+    if failure is not None:
+        return EXIT_USAGE
 
     ties = [r for r in records if r.mismatch and r.near_tie]
     if ties:

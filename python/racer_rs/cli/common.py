@@ -42,6 +42,26 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+#: The most CPU threads a run may ask for (the same bound as DraftPool's).
+MAX_THREADS = 1024
+
+
+def thread_count(text: str) -> int:
+    """argparse type: a thread count in 0..MAX_THREADS (0: torch's own choice)."""
+    value = non_negative_int(text)
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_THREADS}, got {value}")
+    return value
+
+
+def seed(text: str) -> int:
+    """argparse type: a random seed, an integer in [0, 2**64)."""
+    value = non_negative_int(text)
+    if value >= 2**64:
+        raise argparse.ArgumentTypeError(f"must be < 2**64, got {value}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     """argparse type: a finite float >= 0."""
     value = _float(text)
@@ -103,7 +123,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_threads: int = 
     parser.add_argument("--device", default="auto", help="torch device, or auto (default: auto)")
     parser.add_argument(
         "--threads",
-        type=non_negative_int,
+        type=thread_count,
         default=default_threads,
         help=f"torch CPU threads, 0 = torch's choice (default: {default_threads})",
     )

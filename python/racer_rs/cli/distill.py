@@ -42,15 +42,13 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--temperature", type=common.non_negative_float, default=0.8, help="of the data generation")
     parser.add_argument("--top-p", type=common.probability, default=0.95, help="of the data generation")
     parser.add_argument("--lr", type=positive_float, default=3e-4, help="Adam learning rate")
-    parser.add_argument("--seed", type=common.non_negative_int, default=0)
+    parser.add_argument("--seed", type=common.seed, default=0)
     parser.add_argument("--model", help="target model (default: smollm2-135m-instruct)")
     parser.add_argument(
         "--dtype", choices=DTYPES, default="float32", help="of the target and the trained draft (default: float32)"
     )
     parser.add_argument("--device", default="auto", help="torch device, or auto (default: auto)")
-    parser.add_argument(
-        "--threads", type=common.non_negative_int, default=0, help="torch CPU threads, 0 = torch's choice"
-    )
+    parser.add_argument("--threads", type=common.thread_count, default=0, help="torch CPU threads, 0 = torch's choice")
     parser.set_defaults(run=run)
 
 

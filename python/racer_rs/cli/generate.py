@@ -41,7 +41,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--max-capacity", type=common.positive_int, default=64, help="largest tree --capacity auto verifies"
     )
-    parser.add_argument("--seed", type=common.non_negative_int, help="random seed for sampling")
+    parser.add_argument("--seed", type=common.seed, help="random seed for sampling")
     parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="highlight drafted tokens")
     parser.add_argument("--no-color", dest="color", action="store_const", const="never")

@@ -2,7 +2,7 @@
 
 Values are read as JSON when they parse (``8`` -> int, ``0.5`` -> float, ``true`` -> bool,
 ``[1,2]`` -> list) and kept as strings otherwise. In ``racer bench`` an option may be scoped to
-one method with ``METHOD.KEY=VALUE``; unscoped options apply to every method. Whether a method
+one method with ``METHOD.KEY=VALUE``; unscoped options apply to every method that takes them. Whether a method
 accepts an option is decided by the drafter registry, which rejects unknown ones.
 """
 

@@ -24,7 +24,7 @@ from racer_rs._native import DraftTree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart
 from racer_rs.engine.sampling import SamplingConfig, process_logits
 from racer_rs.engine.verifier import vocab_size
-from racer_rs.errors import InvalidTypeError
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
 
 def check_draft_model(draft_model: Any) -> None:
@@ -59,12 +59,17 @@ class DraftModelDrafter(Drafter):
         check_draft_model(draft_model)
         self.canvas = rules.integer("canvas", canvas, minimum=1)
         self.draft = draft_model
+        if model is not None and hasattr(model, "get_output_embeddings"):
+            self._check_vocabulary_of(model)
         self._device = next(draft_model.parameters()).device
         self._sampling = SamplingConfig()
         self._generator: torch.Generator | None = None
         self._vocab_size = vocab_size(draft_model)
         self._cache: Any = None
         self._cached_ids = np.empty(0, dtype=np.int32)
+        # Drafting steps whose distribution was not finite (a diverged or damaged draft), counted
+        # on the device so that checking costs no synchronisation; read by stats().
+        self._nonfinite: torch.Tensor | None = None
 
     # --- Drafter hooks -------------------------------------------------------------------------
 
@@ -80,6 +85,8 @@ class DraftModelDrafter(Drafter):
         generator = request.generator
         self._generator = generator if generator is not None and generator.device == self._device else None
         self._vocab_size = int(request.vocab_size)
+        self._check_vocabulary(request.vocab_size)
+        self._nonfinite = torch.zeros((), dtype=torch.int64, device=self._device)
         self._reset_cache()
 
     def propose(self, context: np.ndarray, next_token: int, capacity: int) -> Proposal:
@@ -88,6 +95,10 @@ class DraftModelDrafter(Drafter):
         tokens, probs = self.draft_chain(context, next_token, length, sample=not self._sampling.greedy)
         tree = DraftTree.chain(np.concatenate([np.array([next_token], dtype=np.int32), tokens]))
         return Proposal(tree=tree, draft_probs=probs if len(tokens) else None)
+
+    def stats(self) -> dict[str, Any]:
+        """Drafting steps whose distribution was not finite (they drafted from a uniform one)."""
+        return {"draft_nonfinite_steps": int(self._nonfinite) if self._nonfinite is not None else 0}
 
     def end(self) -> None:
         """Drop the draft's cache (unless it belongs to a request in another thread)."""
@@ -169,11 +180,36 @@ class DraftModelDrafter(Drafter):
         return torch.cat([logits, pad], dim=-1)
 
     def _pick(self, logits: torch.Tensor, sample: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The next drafted token (a 0-d device tensor) and, when sampling, its distribution."""
+        """The next drafted token (a 0-d device tensor) and, when sampling, its distribution.
+
+        A draft whose logits are not finite (its weights diverged or are damaged) drafts from a
+        uniform distribution instead: the target decides what is committed, so a broken draft
+        costs acceptance, never the request. Such steps are counted (``stats()``).
+        """
+        # -inf marks tokens outside a reduced vocabulary; NaN, +inf or nothing finite is broken.
+        finite = ~(torch.isnan(logits).any() | torch.isposinf(logits).any() | torch.isneginf(logits).all())
+        if self._nonfinite is not None:
+            self._nonfinite += (~finite).long()
         if not sample:
-            return logits.argmax(), None
-        q = process_logits(logits.unsqueeze(0), self._sampling).softmax(dim=-1)[0]
+            return torch.where(finite, logits.argmax(), 0), None
+        safe = torch.where(finite, logits, torch.zeros_like(logits))
+        q = process_logits(safe.unsqueeze(0), self._sampling).softmax(dim=-1)[0]
+        usable = finite & torch.isfinite(q).all()
+        q = torch.where(usable, q, torch.full_like(q, 1.0 / q.numel()))
         return torch.multinomial(q, 1, generator=self._generator)[0], q
+
+    def _check_vocabulary_of(self, target: Any) -> None:
+        self._check_vocabulary(vocab_size(target))
+
+    def _check_vocabulary(self, target_vocab: int) -> None:
+        """A draft must read every token the target can produce: its embedding needs a row for
+        each of the target's ids (a draft of another tokenizer fails here, before any work)."""
+        rows = int(self.draft.get_input_embeddings().weight.shape[0])
+        if rows < target_vocab:
+            raise InvalidArgumentError(
+                f"draft_model has a vocabulary of {rows} tokens, the target {target_vocab}: it cannot read the "
+                "target's tokens; a draft model must share the target's tokenizer"
+            )
 
     def _reset_cache(self) -> None:
         self._cache = None

@@ -59,8 +59,9 @@ class RacerOptions:
     min_score: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("ngram", "max_nodes", "breadth", "min_depth"):
+        for name in ("ngram", "max_nodes", "min_depth"):
             rules.integer(name, getattr(self, name), minimum=1)
+        rules.integer("breadth", self.breadth, minimum=1, maximum=MAX_BREADTH)
         rules.integer("exempt_depth", self.exempt_depth, minimum=0)
         rules.flag("persistent", self.persistent)
         object.__setattr__(self, "min_score", rules.probability("min_score", self.min_score))
@@ -77,6 +78,8 @@ class RacerOptions:
         return cls(**options)
 
 
+#: The copy-logit table keeps at most this many ids per row (the Rust core's limit).
+MAX_BREADTH = 1024
 RETRIEVAL_OPTIONS = ("ngram", "max_nodes", "min_depth")
 LOGITS_OPTIONS = ("breadth", "exempt_depth")
 #: The options each racer method takes (the others keep their defaults there).

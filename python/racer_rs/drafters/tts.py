@@ -19,6 +19,7 @@ actually drafted that round, and weights change only between rounds.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,6 +107,7 @@ class TTSDrafter(DraftModelDrafter):
         self._prefix: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
         self._rounds = 0
         self._stats: dict[str, Any] = {}
+        self._diverged = 0
 
     # --- Drafter hooks -------------------------------------------------------------------------
 
@@ -119,6 +121,7 @@ class TTSDrafter(DraftModelDrafter):
         self._worker = UpdateWorker(self._train, self._publish, asynchronous=self.asynchronous, device=self._device)
         self._rounds = 0
         self._stats = {}
+        self._diverged = 0
 
     def observe(self, outcome: StepOutcome) -> None:
         """Every S rounds, submit the latest verified chain as a training example."""
@@ -138,11 +141,16 @@ class TTSDrafter(DraftModelDrafter):
     def stats(self) -> dict[str, Any]:
         """Update statistics of the last request (``GenerationResult.extras``)."""
         live = self._worker.stats() if self._worker is not None else self._stats
-        return {f"tts_{key}": value for key, value in live.items()} | {
-            "tts_rounds": self._rounds,
-            "tts_update_every": self.update_every,
-            "tts_async": self.asynchronous,
-        }
+        return (
+            super().stats()
+            | {f"tts_{key}": value for key, value in live.items()}
+            | {
+                "tts_diverged_updates": self._diverged,
+                "tts_rounds": self._rounds,
+                "tts_update_every": self.update_every,
+                "tts_async": self.asynchronous,
+            }
+        )
 
     # --- learning ------------------------------------------------------------------------------
 
@@ -182,9 +190,21 @@ class TTSDrafter(DraftModelDrafter):
         return logits
 
     def _train(self, canvas: Canvas) -> float:
+        """One update of the shadow weights (on the worker). An update that leaves the loss or
+        the weights non-finite (too high a learning rate, a bad canvas) is undone: the shadow
+        returns to the serving weights, the optimiser starts afresh, and it is counted, so a
+        diverging draft costs acceptance for one update, never the request."""
         assert self._optimizer is not None
         reference = self.original if self.config.lam > 0 else None
-        return distill_step(self.shadow, self._optimizer, canvas, self.config, reference=reference)
+        loss = distill_step(self.shadow, self._optimizer, canvas, self.config, reference=reference)
+        with torch.no_grad():
+            finite = math.isfinite(loss) and all(bool(torch.isfinite(s).all()) for _, s in self._pairs)
+            if not finite:
+                for serving, shadow in self._pairs:
+                    shadow.copy_(serving)
+                self._optimizer = make_optimizer([s for _, s in self._pairs], self.config)
+                self._diverged += 1
+        return loss
 
     def _publish(self) -> None:
         for serving, shadow in self._pairs:

@@ -133,8 +133,8 @@ def generate(
     )
     drafter = request.drafter
     generator = None
-    if seed is not None:
-        generator = torch.Generator(device=request.verifier.device).manual_seed(seed)
+    if request.seed is not None:
+        generator = torch.Generator(device=request.verifier.device).manual_seed(request.seed)
     policy: CapacityPolicy
     if request.auto:
         policy = AutoCapacity(model, drafter.name, request.sampling.greedy, request.max_capacity)
@@ -165,6 +165,7 @@ class Request:
         capacity: the fixed node limit (``max_capacity`` when ``auto``).
         max_capacity: the largest tree ``auto`` may verify.
         drafter: the drafter to use (built from the method unless given).
+        seed: the request's seed (``None``: torch's global RNG).
     """
 
     verifier: TreeVerifier
@@ -176,6 +177,7 @@ class Request:
     capacity: int
     max_capacity: int
     drafter: Drafter
+    seed: int | None = None
 
 
 def check_request(
@@ -207,7 +209,7 @@ def check_request(
     capacity = rules.capacity("capacity", capacity)
     max_capacity = rules.integer("max_capacity", max_capacity, minimum=1)
     if seed is not None:
-        rules.seed("seed", seed)
+        seed = rules.seed("seed", seed)
     sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
     eos_ids = _eos_ids(eos_token_id, vocab)
     window = model_window(model)
@@ -229,6 +231,11 @@ def check_request(
         raise InvalidArgumentError(
             f"method options {sorted(method_options)} cannot be combined with a prebuilt drafter"
         )
+    if drafter.needs_topk > vocab:
+        raise InvalidArgumentError(
+            f"drafter {drafter.name!r} asks for the target's top {drafter.needs_topk} tokens (its breadth), "
+            f"more than the model's vocabulary of {vocab}"
+        )
     return Request(
         verifier=verifier,
         prompt=prompt,
@@ -239,6 +246,7 @@ def check_request(
         capacity=max_capacity if auto else int(capacity),
         max_capacity=int(max_capacity),
         drafter=drafter,
+        seed=seed,
     )
 
 

@@ -314,8 +314,10 @@ def load_model(spec: str | Path, *, dtype: Any = "float32", device: Any = "cpu")
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
         model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"cannot load model {spec}: {_one_line(exc)}") from None
+    except Exception as exc:  # a damaged checkpoint (an interrupted download or copy:
+        # a truncated or zero-filled safetensors file, shapes that do not match the config) fails
+        # inside transformers and safetensors with many exception types
+        raise ModelLoadError(f"cannot load model {spec}: {type(exc).__name__}: {_one_line(exc)}") from None
     return model.to(device).eval(), tokenizer
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from racer_rs._io import write_text_atomically
+from racer_rs._io import check_writable_folder, write_text_atomically
 from racer_rs.engine.verifier import vocab_size as target_vocab_size
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 from racer_rs.selfdraft.checkpoint import (
@@ -156,6 +156,12 @@ def distill_self_draft(
     vocab_size = target_vocab_size(target)
     if settings.vocab is not None and settings.vocab > vocab_size:
         raise InvalidArgumentError(f"vocab must be <= {vocab_size} (the target's vocabulary), got {settings.vocab}")
+    always = {int(t) for t in (*eos_token_ids, *keep_tokens) if 0 <= int(t) < vocab_size}
+    if settings.vocab is not None and settings.vocab <= len(always):
+        raise InvalidArgumentError(
+            f"vocab must be > {len(always)}, the end-of-sequence and special tokens a reduced vocabulary always "
+            f"keeps (it would hold nothing else to draft with), got {settings.vocab}"
+        )
     ordered = _order_prompts(prompts, settings)
     say = progress or (lambda line: None)
     run = _Run(target, ordered, Path(out), settings, target_name, tuple(eos_token_ids), tuple(keep_tokens), say)
@@ -167,6 +173,7 @@ def check_output_folder(out: str | Path) -> None:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DistillError(f"output {out} exists and is not a folder")
+    check_writable_folder(out, "output")  # a long run must not find this out at the end
     if out.is_dir() and not (out / WORK / "plan.json").exists():
         if (out / MANIFEST).exists():
             raise DistillError(
@@ -305,8 +312,9 @@ class _Run:
             self.state.before = evaluate(draft, held_out, columns, settings.batch_size)
             self._save_state()
             self.say(
-                f"eval: undistilled draft, held-out KL {self.state.before['kl']:.3f}, "
-                f"top-1 agreement {100 * self.state.before['agreement']:.1f}%"
+                f"eval: undistilled draft, held-out KL {self.state.before['kl']:.3f} (over the "
+                f"{100 * self.state.before.get('coverage', 1.0):.1f}% of the target's top-k mass the draft's "
+                f"vocabulary holds), top-1 agreement {100 * self.state.before['agreement']:.1f}%"
             )
 
         def save() -> None:
