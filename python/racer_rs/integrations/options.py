@@ -50,6 +50,7 @@ class ServingOptions:
             ``max(16, 2 * k + 1)`` for ``k`` speculative tokens). SGLang's trees always have
             ``--speculative-num-draft-tokens`` nodes.
         vocab_size: the token id range, when the engine's model config does not give it.
+        log_every: drafting calls between two statistics lines in the engine's log (0: none).
     """
 
     racer: RacerOptions = field(default_factory=RacerOptions)
@@ -59,6 +60,7 @@ class ServingOptions:
     threads: int = 1
     capacity: int | None = None
     vocab_size: int | None = None
+    log_every: int = 2000
 
     def __post_init__(self) -> None:
         if self.racer.persistent:
@@ -71,6 +73,7 @@ class ServingOptions:
             rules.integer("capacity", self.capacity, minimum=1, maximum=2**20)
         if self.vocab_size is not None:
             rules.integer("vocab_size", self.vocab_size, minimum=1, maximum=rules.MAX_TOKEN_ID)
+        rules.integer("log_every", self.log_every, minimum=0)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServingOptions:

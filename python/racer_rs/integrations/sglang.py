@@ -34,6 +34,7 @@ RACER's own options come from ``RACER_RS_OPTIONS`` (:mod:`racer_rs.integrations.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ ALGORITHM = "RACER_RS"
 MAX_DRAFT_TOKENS = 1024
 #: Tokens of a request's sequence kept to recognise its continuation.
 _RECENT = 32
+
+logger = logging.getLogger("sglang.racer_rs")
 
 
 def _require_sglang() -> None:
@@ -145,9 +148,16 @@ class RacerCorpus:
         # A root-only request: node 0 then padding (token 0, child of the root).
         self._root_only_mask = np.eye(n, dtype=bool)
         self._root_only_mask[:, 0] = True
-        #: Counters: requests started, restarted (sequence did not continue), dropped
-        #: (erased), verify steps whose logits were written, and those skipped.
-        self.stats = {"started": 0, "restarted": 0, "erased": 0, "logit_steps": 0, "logit_skips": 0}
+        #: Counters: batch_get calls, requests started, restarted (sequence did not continue),
+        #: dropped (erased), verify steps whose logits were written, and those skipped.
+        self.stats = {
+            "batches": 0,
+            "started": 0,
+            "restarted": 0,
+            "erased": 0,
+            "logit_steps": 0,
+            "logit_skips": 0,
+        }
 
     # -- state -----------------------------------------------------------------------------
 
@@ -306,6 +316,10 @@ class RacerCorpus:
                 parents[b, :m] = local[offsets[j] : offsets[j] + m]
                 sizes[b] = m
         self._last = _Layout(list(req_ids), tokens, parents, sizes)
+        self.stats["batches"] += 1
+        every = self.options.log_every
+        if every and self.stats["batches"] % every == 0:
+            logger.info("racer_rs corpus: %s (%d requests)", self.stats, len(self._requests))
         return tokens.reshape(-1), mask.reshape(-1)
 
     def batch_put(self, batch_tokens: Sequence[Sequence[int]]) -> None:

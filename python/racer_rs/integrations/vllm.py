@@ -61,8 +61,6 @@ logger = logging.getLogger("vllm.racer_rs")
 FALLBACK_VOCAB = 1 << 18
 #: Logits calls kept between two ``propose`` calls (more than one is already ambiguous).
 _MAX_RECORDS = 4
-#: ``propose`` calls between two statistics lines in the log.
-_LOG_EVERY = 2000
 
 
 @dataclass
@@ -229,7 +227,8 @@ class RacerProposer:
                 rows[i].chain = drafted
                 out[i] = drafted
                 self.stats["drafted"] += 1
-        if self.stats["calls"] % _LOG_EVERY == 0:
+        every = self.options.log_every
+        if every and self.stats["calls"] % every == 0:
             logger.info("racer_rs proposer: %s", self.stats)
         return out
 
