@@ -391,8 +391,8 @@ def run_determinism(hash_seed: str, threads: int) -> str:
     env = {
         **os.environ,
         "PYTHONHASHSEED": hash_seed,
-        "RACER_RS_OPTIONS": f'{{"threads": {threads}}}',
-        "PYTHONPATH": os.pathsep.join([str(REPO / "python"), str(REPO)]),
+        # capacity 64 (vLLM's trees; SGLang's have N = 64): 40 requests then split across threads.
+        "RACER_RS_OPTIONS": f'{{"threads": {threads}, "capacity": 64}}',
     }
     out = subprocess.run(
         [sys.executable, "-c", DETERMINISM_SCRIPT], capture_output=True, text=True, env=env, timeout=300, check=False

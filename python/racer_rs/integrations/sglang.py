@@ -16,9 +16,10 @@ algorithm's worker, verify kernels and CUDA graphs) and swaps only where the dra
   first, then the accepted path), read by wrapping the target worker's
   ``forward_batch_generation`` on the instance.
 - Requests leave the pool when they leave the decode batch (``erase_match_state``, which
-  ``NGRAMWorker`` calls with the departed request ids), on ``flush_cache`` (``reset``), and
-  whenever a request id shows up with a sequence that does not continue the one it had (an id
-  reused before its old request was erased starts fresh).
+  ``NGRAMWorker`` calls after each verify step with the ids that were in the previous decode
+  batch and are not in this one, so the last batch's requests stay while the server is idle),
+  on ``flush_cache`` (``reset``), and whenever a request id shows up with a sequence that does
+  not continue the one it had (an id reused before its old request was erased starts fresh).
 
 Drafts are deterministic (the pool's outputs never depend on hash seeds or thread counts), as
 tensor-parallel ranks need: every rank drafts for itself and the verify forward needs the same
