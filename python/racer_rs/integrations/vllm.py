@@ -18,22 +18,25 @@ requests are recognised by content: a row continues a request of the previous ca
 context is that request's context followed by exactly the tokens sampled this step (the request
 may have moved to another row); anything else starts a fresh state from the row's whole
 context, and states no row continued are freed. A fresh state is always correct (drafts never
-change the output, only their acceptance), so no state is ever carried into another request.
+change the output, only their acceptance). The one case where a state passes to another request
+is a new request that arrives, the very next step, with exactly the old one's context plus
+that step's tokens: the same token sequence, whose automaton is the one its own context gives
+and whose copy-logit rows are the target's predictions on those same tokens.
 
 Logits: proposers get none. :meth:`RacerProposer.load_model` wraps ``compute_logits`` on the
 target model instance and keeps the top-k of every call. The runner calls it once per step on
 ``hidden_states[logits_indices]``: per request, request-major in the batch's row order, one row
 after the last verified token and one after each scheduled draft token. The proposer does not
-learn how many drafts were scheduled (the scheduler may cut them), so the rows are used only when
-they can be attributed exactly: a single call since the last ``propose`` whose row count equals
-the sum over the batch of (drafts proposed last step + 1), with every continued request's
+learn how many drafts were scheduled (the scheduler may cut them), so the rows are used only
+when they can be attributed exactly: a single call since the last ``propose`` whose row count
+equals the sum over the batch of (drafts proposed last step + 1), with every continued request's
 accepted tokens equal to its proposed chain's prefix. Since a scheduled draft is never longer
 than the proposed one, the count forces every request's split. Steps that fail this (drafts cut
-by the token budget or structured output, prompt-logprob calls, a step whose ``propose`` vLLM
-skipped) write no rows; ``stats`` counts both. Tensor-parallel ranks each run the wrapper and the
-proposer on their own logits (vLLM uses only one rank's drafts). Not verified on a GPU yet: if
-the rows never arrive, drafting falls back to retrieval alone, and
-``RACER_RS_OPTIONS='{"use_logits": false}'`` turns them off.
+by the token budget or structured output, a second logits call of the same row count such as
+prompt logprobs, a step whose ``propose`` vLLM skipped) write no rows; ``stats`` counts both.
+Tensor-parallel ranks each run the wrapper and the proposer on their own logits (vLLM uses only
+one rank's drafts). Not verified on a GPU yet: if the rows never arrive, drafting falls back to
+retrieval alone, and ``RACER_RS_OPTIONS='{"use_logits": false}'`` turns them off.
 """
 
 from __future__ import annotations
