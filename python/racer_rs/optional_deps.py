@@ -20,6 +20,9 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "gguf": ("gguf", "accelerate"),
     "plots": ("matplotlib",),
     "suffix": ("arctic_inference",),
+    # The serving-engine integrations (racer_rs.integrations.sglang / .vllm).
+    "sglang": ("sglang",),
+    "vllm": ("vllm",),
 }
 
 #: Extras whose plain ``pip install`` is not the way to get them: the exact commands instead.

@@ -1,0 +1,52 @@
+"""Pieces both engine integrations use: token arrays from engine containers, the copy-logit
+write order, and top-k rows of verify logits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+#: Largest token id + 1 the Rust core stores.
+_INT32_LIMIT = 2**31
+
+
+def int64_tokens(values: Any) -> np.ndarray:
+    """``values`` (a list, an ``array.array`` slice, a numpy array) as a 1-D ``int64`` array.
+
+    Callers pass slices: an ``array.array`` slice is a copy, so no buffer of the engine's own
+    (growing) arrays is held, which would stop them from being resized.
+    """
+    return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def in_vocab(tokens: np.ndarray, vocab_size: int) -> bool:
+    """Whether every token id is in ``[0, vocab_size)``."""
+    return tokens.size == 0 or (int(tokens.min()) >= 0 and int(tokens.max()) < min(vocab_size, _INT32_LIMIT))
+
+
+def copy_logit_order(nodes: int, path: Sequence[int]) -> np.ndarray:
+    """Node indices in the order a request's copy-logit rows are written after a verify step:
+    the rejected nodes (``0..nodes`` not on ``path``) first, then the accepted path, so the
+    accepted context's rows win (as :meth:`racer_rs.drafters.racer.RacerDrafter.observe`).
+
+    ``path`` may hold indices ``>= nodes`` (SGLang's padding nodes, accepted when the target
+    predicts token 0 after the root).
+    """
+    on_path = np.zeros(max(nodes, 1), dtype=bool)
+    accepted = np.asarray(path, dtype=np.int64)
+    on_path[accepted[accepted < nodes]] = True
+    return np.concatenate([np.flatnonzero(~on_path[:nodes]), accepted])
+
+
+def topk_rows(logits: Any, k: int, with_probs: bool) -> tuple[Any, Any]:
+    """Top-``k`` ids of ``[rows, vocab]`` logits (a torch tensor, left on its device) and, when
+    asked, their probabilities under ``softmax(logits)`` (float32), else ``None``."""
+    import torch
+
+    values, ids = torch.topk(logits, k, dim=-1)
+    if not with_probs:
+        return ids, None
+    log_norm = torch.logsumexp(logits.float(), dim=-1, keepdim=True)
+    return ids, (values.float() - log_norm).exp()

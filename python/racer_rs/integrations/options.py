@@ -1,0 +1,132 @@
+"""RACER's settings for the serving-engine integrations, read from ``RACER_RS_OPTIONS``.
+
+SGLang and vLLM have no command-line field for a plug-in's own settings, so both integrations
+read one environment variable holding a JSON object, e.g.::
+
+    RACER_RS_OPTIONS='{"breadth": 8, "ngram": 12, "threads": 2}'
+
+Unknown keys and bad values are reported in one line naming the variable, when the engine
+starts (SGLang: while it resolves its server arguments; vLLM: when it builds the proposer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from racer_rs import _validate as rules
+from racer_rs._native import DraftPool
+from racer_rs.drafters.racer import RacerOptions
+from racer_rs.errors import InvalidArgumentError, RacerError
+
+__all__ = ["ENV_VAR", "ServingOptions"]
+
+#: The environment variable both integrations read their settings from.
+ENV_VAR = "RACER_RS_OPTIONS"
+
+#: RACER's options a serving integration takes (``persistent`` does not apply: requests
+#: always have their own state there).
+_RACER_KEYS = ("ngram", "max_nodes", "breadth", "min_depth", "exempt_depth", "min_score")
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """How the integrations draft.
+
+    Attributes:
+        racer: RACER's drafting options (``persistent`` must stay False: every request has its
+            own automaton and copy-logit table, freed when it ends).
+        tree: ``"halving"`` or ``"scored"`` (as in :class:`racer_rs.DraftPool`).
+        use_retrieval: draft from each request's automaton.
+        use_logits: draft from each request's copy-logit table, written from the verify
+            logits (SGLang: always available; vLLM: when they can be attributed, see
+            :class:`racer_rs.integrations.vllm.RacerProposer`).
+        threads: most threads one :class:`racer_rs.DraftPool` batch call uses.
+        capacity: vLLM only: nodes of the tree whose best chain is drafted (default
+            ``max(16, 2 * k + 1)`` for ``k`` speculative tokens). SGLang's trees always have
+            ``--speculative-num-draft-tokens`` nodes.
+        vocab_size: the token id range, when the engine's model config does not give it.
+        log_every: drafting calls between two statistics lines in the engine's log (0: none).
+    """
+
+    racer: RacerOptions = field(default_factory=RacerOptions)
+    tree: str = "halving"
+    use_retrieval: bool = True
+    use_logits: bool = True
+    threads: int = 1
+    capacity: int | None = None
+    vocab_size: int | None = None
+    log_every: int = 2000
+
+    def __post_init__(self) -> None:
+        if self.racer.persistent:
+            raise InvalidArgumentError("racer.persistent is not supported in a serving engine (per-request state)")
+        rules.choice("tree", self.tree, ("halving", "scored"))
+        if not (rules.flag("use_retrieval", self.use_retrieval) | rules.flag("use_logits", self.use_logits)):
+            raise InvalidArgumentError("use_retrieval and use_logits cannot both be False")
+        rules.integer("threads", self.threads, minimum=1, maximum=1024)
+        if self.capacity is not None:
+            rules.integer("capacity", self.capacity, minimum=1, maximum=2**20)
+        if self.vocab_size is not None:
+            rules.integer("vocab_size", self.vocab_size, minimum=1, maximum=rules.MAX_TOKEN_ID)
+        rules.integer("log_every", self.log_every, minimum=0)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> ServingOptions:
+        """The options from a flat mapping (RACER's options and this record's fields by name)."""
+        own = {f.name for f in dataclasses.fields(cls)} - {"racer"}
+        unknown = sorted(set(values) - own - set(_RACER_KEYS))
+        if unknown:
+            accepted = ", ".join(sorted(own | set(_RACER_KEYS)))
+            raise InvalidArgumentError(f"unknown option(s) {', '.join(unknown)}; accepted: {accepted}")
+        racer = RacerOptions(**{k: v for k, v in values.items() if k in _RACER_KEYS})
+        return cls(racer=racer, **{k: v for k, v in values.items() if k in own})
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServingOptions:
+        """The options in ``$RACER_RS_OPTIONS`` (the defaults when it is unset or empty).
+
+        Raises:
+            InvalidArgumentError: one line naming the variable, if it is not a JSON object of
+                known options with valid values.
+        """
+        text = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
+        if not text:
+            return cls()
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgumentError(f"{ENV_VAR} must be a JSON object: {exc}") from None
+        if not isinstance(values, dict):
+            raise InvalidArgumentError(f"{ENV_VAR} must be a JSON object, got {type(values).__name__}")
+        try:
+            return cls.from_mapping(values)
+        except (RacerError, TypeError) as exc:
+            raise InvalidArgumentError(f"{ENV_VAR}: {exc}") from None
+
+    def pool(self, vocab_size: int, *, use_logits: bool | None = None) -> DraftPool:
+        """An empty :class:`racer_rs.DraftPool` drafting with these options.
+
+        Args:
+            vocab_size: the token id range (``vocab_size`` here, when set, wins).
+            use_logits: overrides :attr:`use_logits` (e.g. off where no logits arrive).
+        """
+        o = self.racer
+        logits = self.use_logits if use_logits is None else use_logits
+        return DraftPool(
+            self.vocab_size or vocab_size,
+            ngram=o.ngram,
+            max_nodes=o.max_nodes,
+            breadth=o.breadth,
+            min_depth=o.min_depth,
+            exempt_depth=o.exempt_depth,
+            tree=self.tree,
+            min_score=o.min_score,
+            use_retrieval=self.use_retrieval or not logits,
+            use_logits=logits,
+            threads=self.threads,
+        )

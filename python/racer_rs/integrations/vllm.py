@@ -1,0 +1,355 @@
+"""RACER as a vLLM proposer: ``method="custom_class"`` with
+``model="racer_rs.integrations.vllm.RacerProposer"``.
+
+Verified against vLLM 0.33.0, whose model runner (V1; ``custom_class`` forces it, with
+asynchronous scheduling off) builds the proposer with ``RacerProposer(vllm_config)``, calls
+``load_model(target_model)`` once the target is loaded, and after every step's bookkeeping::
+
+    propose(sampled_token_ids, input_batch.num_tokens_no_spec, input_batch.token_ids_cpu,
+            slot_mappings=slot_mappings) -> list[list[int]]
+
+vLLM verifies chains only (one draft token per position), so each request drafts the best
+chain of its RACER tree (:meth:`racer_rs.BatchDraft.chains`): the tree's deepest root-to-leaf
+path, at most ``num_speculative_tokens`` tokens. What is lost against a tree verifier: the
+tree's other branches.
+
+vLLM passes no request ids, and its rows are batch slots that get reordered and reused, so
+requests are recognised by content: a row continues a request of the previous call when its
+context is that request's context followed by exactly the tokens sampled this step (the request
+may have moved to another row); anything else starts a fresh state from the row's whole
+context, and states no row continued are freed. A fresh state is always correct (drafts never
+change the output, only their acceptance). The one case where a state passes to another request
+is a new request that arrives, the very next step, with exactly the old one's context plus
+that step's tokens: the same token sequence, whose automaton is the one its own context gives
+and whose copy-logit rows are the target's predictions on those same tokens.
+
+Logits: proposers get none. :meth:`RacerProposer.load_model` wraps ``compute_logits`` on the
+target model instance and keeps the top-k of every call. The runner calls it once per step on
+``hidden_states[logits_indices]``: per request, request-major in the batch's row order, one row
+after the last verified token and one after each scheduled draft token. The proposer does not
+learn how many drafts were scheduled (the scheduler may cut them), so the rows are used only
+when they can be attributed exactly: a single call since the last ``propose`` whose row count
+equals the sum over the batch of (drafts proposed last step + 1), with every continued request's
+accepted tokens equal to its proposed chain's prefix. Since a scheduled draft is never longer
+than the proposed one, the count forces every request's split. Steps that fail this (drafts cut
+by the token budget or structured output, a second logits call of the same row count such as
+prompt logprobs, a step whose ``propose`` vLLM skipped) write no rows; ``stats`` counts both.
+Tensor-parallel ranks each run the wrapper and the proposer on their own logits (vLLM uses only
+one rank's drafts). Not verified on a GPU yet: if the rows never arrive, drafting falls back to
+retrieval alone, and ``RACER_RS_OPTIONS='{"use_logits": false}'`` turns them off.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from racer_rs import optional_deps
+from racer_rs._native import DraftPool
+from racer_rs.errors import InvalidArgumentError
+from racer_rs.integrations._shared import copy_logit_order, in_vocab, topk_rows
+from racer_rs.integrations.options import ServingOptions
+
+__all__ = ["FALLBACK_VOCAB", "RacerProposer"]
+
+logger = logging.getLogger("vllm.racer_rs")
+
+#: Token id range used when neither the config nor the model gives the vocabulary size
+#: (retrieval only then: a copy-logit table needs the exact size).
+FALLBACK_VOCAB = 1 << 18
+#: Logits calls kept between two ``propose`` calls (more than one is already ambiguous).
+_MAX_RECORDS = 4
+
+
+@dataclass
+class _Request:
+    """One request as the proposer knows it."""
+
+    key: int  # its DraftPool id (never reused)
+    tokens: np.ndarray  # int32 buffer: its context so far is tokens[:length]
+    length: int
+    drafting: bool  # False: a token outside the vocabulary
+    root: int = 0
+    chain: list[int] = field(default_factory=list)  # drafted at the last call, after root
+
+    def context(self) -> np.ndarray:
+        return self.tokens[: self.length]
+
+    def append(self, new: np.ndarray) -> None:
+        end = self.length + len(new)
+        if end > len(self.tokens):
+            grown = np.empty(max(2 * end, 64), dtype=np.int32)
+            grown[: self.length] = self.tokens[: self.length]
+            self.tokens = grown
+        self.tokens[self.length : end] = new
+        self.length = end
+
+
+class RacerProposer:
+    """vLLM's ``custom_class`` proposer drafting RACER chains.
+
+    Args:
+        vllm_config: vLLM's config; read: ``speculative_config.num_speculative_tokens`` (k),
+            and when present ``model_config.max_model_len`` and ``model_config.get_vocab_size()``.
+        options: how to draft (default: ``$RACER_RS_OPTIONS``).
+
+    Raises:
+        MissingDependencyError: if vLLM is not installed (the ``vllm`` extra).
+        InvalidArgumentError: if ``num_speculative_tokens`` is missing or below 1, or the
+            options are invalid.
+    """
+
+    def __init__(self, vllm_config: Any, *, options: ServingOptions | None = None) -> None:
+        optional_deps.require("vllm", "racer_rs.integrations.vllm.RacerProposer")
+        self.vllm_config = vllm_config
+        self.options = ServingOptions.from_env() if options is None else options
+        spec = getattr(vllm_config, "speculative_config", None)
+        k = getattr(spec, "num_speculative_tokens", None)
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise InvalidArgumentError(f"speculative_config.num_speculative_tokens must be an int >= 1, got {k!r}")
+        #: Most draft tokens per request (vLLM's ``num_speculative_tokens``).
+        self.k = k
+        model_config = getattr(vllm_config, "model_config", None)
+        length = getattr(model_config, "max_model_len", None)
+        #: vLLM's ``max_model_len`` (``None`` when the config has no model config).
+        self.max_model_len: int | None = int(length) if length is not None else None
+        self.vocab_size: int | None = self.options.vocab_size or _config_vocab(model_config)
+        #: Nodes of the tree each chain is taken from.
+        self.capacity = self.options.capacity or max(16, 2 * k + 1)
+        self._pool: DraftPool | None = None
+        self._rows: dict[int, _Request] = {}
+        self._next_key = 0
+        self._records: list[tuple[Any, Any]] = []
+        self._wrapped = False
+        #: Counters: propose calls, rows drafted, requests started, requests continued, steps
+        #: whose logits were attributed and written, and steps whose logits could not be.
+        self.stats = {"calls": 0, "drafted": 0, "started": 0, "continued": 0, "logit_steps": 0, "logit_skips": 0}
+
+    # -- vLLM's hooks -----------------------------------------------------------------------
+
+    def load_model(self, target_model: Any) -> None:
+        """Called by vLLM with the target model once it is loaded: takes the vocabulary size
+        from its config if the model config had none, and (unless ``use_logits`` is off) wraps
+        ``target_model.compute_logits`` on the instance to keep the top-k of its logits."""
+        if self.vocab_size is None:
+            self.vocab_size = _config_vocab(getattr(target_model, "config", None))
+        original = getattr(target_model, "compute_logits", None)
+        if not self.options.use_logits or self._wrapped or not callable(original):
+            return
+        owner = weakref.ref(self)
+
+        def compute_logits(*args: Any, **kwargs: Any) -> Any:
+            logits = original(*args, **kwargs)
+            proposer = owner()
+            if proposer is not None and getattr(logits, "ndim", 0) == 2:
+                proposer._record(logits)
+            return logits
+
+        compute_logits.__wrapped__ = original  # type: ignore[attr-defined]
+        target_model.compute_logits = compute_logits
+        self._wrapped = True
+
+    def propose(
+        self,
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings: Any = None,
+        **kwargs: Any,
+    ) -> list[list[int]]:
+        """Draft tokens for every request of the batch.
+
+        Args:
+            sampled_token_ids: per row (``input_batch`` order), the tokens this step sampled:
+                the accepted drafts and the bonus token; ``[]`` for a row whose sample was
+                discarded (a partial prefill chunk).
+            num_tokens_no_spec: ``int32[max_num_reqs]``: row ``i``'s context length, this
+                step's tokens included.
+            token_ids_cpu: ``int32[max_num_reqs, max_model_len]``: row ``i``'s context is
+                ``token_ids_cpu[i, :num_tokens_no_spec[i]]`` (its last token is the root).
+            slot_mappings: unused.
+
+        Returns:
+            One list per row: ``[]`` for discarded rows, else at most
+            ``min(k, max_model_len - n - 1)`` tokens (``n`` the row's context length), the
+            bound vLLM's scheduler cuts drafts to.
+        """
+        records, self._records = self._records, []
+        self.stats["calls"] += 1
+        pool = self._ensure_pool()
+        previous = self._rows
+        by_length: dict[int, list[_Request]] = {}
+        for request in previous.values():
+            by_length.setdefault(request.length, []).append(request)
+        claimed: set[int] = set()
+        rows: dict[int, _Request] = {}
+        out: list[list[int]] = [[] for _ in sampled_token_ids]
+        # Continued requests: (request, sampled, first logits row, last root, last chain).
+        continued: list[tuple[_Request, list[int], int, int, list[int]]] = []
+        logit_rows = 0  # logits rows this step had, if every request verified what we drafted
+        draft_rows: list[int] = []
+        for i, sampled in enumerate(sampled_token_ids):
+            n = int(num_tokens_no_spec[i])
+            if not sampled or n < 1:
+                logit_rows += 1
+                continue
+            step = [int(t) for t in sampled]
+            context = token_ids_cpu[i, :n]
+            found = self._continuing(previous.get(i), by_length, claimed, context, step)
+            if found is not None:
+                request = found
+                claimed.add(request.key)
+                continued.append((request, step, logit_rows, request.root, request.chain))
+                logit_rows += len(request.chain) + 1
+                self._extend(pool, request, context)
+                self.stats["continued"] += 1
+            else:
+                request = self._start(pool, context)
+                logit_rows += 1
+            rows[i] = request
+            request.root, request.chain = int(context[-1]), []
+            if request.drafting and self._budget(n) > 0:
+                draft_rows.append(i)
+        for request in previous.values():
+            if request.key not in claimed and request.key in pool:
+                pool.remove(request.key)
+        self._rows = rows
+        if continued and pool.use_logits:
+            self._write_logits(pool, records, continued, logit_rows)
+        if draft_rows:
+            keys = [rows[i].key for i in draft_rows]
+            roots = np.array([rows[i].root for i in draft_rows], dtype=np.int64)
+            chains = pool.propose(keys, roots, self.capacity).chains(self.k)
+            for i, chain in zip(draft_rows, chains, strict=True):
+                drafted = chain[: self._budget(int(num_tokens_no_spec[i]))].tolist()
+                rows[i].chain = drafted
+                out[i] = drafted
+                self.stats["drafted"] += 1
+        every = self.options.log_every
+        if every and self.stats["calls"] % every == 0:
+            logger.info("racer_rs proposer: %s", self.stats)
+        return out
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _budget(self, n: int) -> int:
+        if self.max_model_len is None:
+            return self.k
+        return min(self.k, self.max_model_len - n - 1)
+
+    def _ensure_pool(self) -> DraftPool:
+        if self._pool is None:
+            vocab, use_logits = self.vocab_size, self.options.use_logits
+            if vocab is None:
+                logger.warning(
+                    "racer_rs: no vocabulary size in the config or the model; drafting from "
+                    "retrieval alone with token ids below %d",
+                    FALLBACK_VOCAB,
+                )
+                vocab, use_logits = FALLBACK_VOCAB, False
+            self.vocab_size = vocab
+            self._pool = self.options.pool(vocab, use_logits=use_logits)
+        return self._pool
+
+    @staticmethod
+    def _continuing(
+        same_row: _Request | None,
+        by_length: dict[int, list[_Request]],
+        claimed: set[int],
+        context: np.ndarray,
+        sampled: list[int],
+    ) -> _Request | None:
+        """The request of the previous call this row continues: its context, then exactly this
+        step's sampled tokens (the row's own request first, then any that moved)."""
+        before = len(context) - len(sampled)
+        if before < 1 or context[before:].tolist() != sampled:
+            return None
+        candidates = [same_row] if same_row is not None else []
+        candidates += by_length.get(before, [])
+        for request in candidates:
+            if (
+                request.key not in claimed
+                and request.length == before
+                and np.array_equal(request.context(), context[:before])
+            ):
+                return request
+        return None
+
+    def _start(self, pool: DraftPool, context: np.ndarray) -> _Request:
+        key, self._next_key = self._next_key, self._next_key + 1
+        assert self.vocab_size is not None
+        drafting = in_vocab(context, self.vocab_size)
+        if drafting:
+            pool.add(key, context[:-1])
+        self.stats["started"] += 1
+        return _Request(key, np.array(context, dtype=np.int32), len(context), drafting)
+
+    def _extend(self, pool: DraftPool, request: _Request, context: np.ndarray) -> None:
+        new = context[request.length :]
+        if request.drafting:
+            assert self.vocab_size is not None
+            if in_vocab(new, self.vocab_size):
+                pool.extend([request.key], [context[request.length - 1 : -1]])
+            else:
+                pool.remove(request.key)
+                request.drafting = False
+        request.append(new)
+
+    def _record(self, logits: Any) -> None:
+        """Keep the top-k of one ``compute_logits`` call (on its device)."""
+        pool = self._pool
+        breadth = pool.breadth if pool is not None else self.options.racer.breadth
+        with_probs = self.options.tree == "scored"
+        if logits.shape[-1] < breadth:
+            return
+        ids, probs = topk_rows(logits.detach(), breadth, with_probs)
+        self._records = [*self._records[-(_MAX_RECORDS - 1) :], (ids, probs)]
+
+    def _write_logits(
+        self,
+        pool: DraftPool,
+        records: list[tuple[Any, Any]],
+        continued: list[tuple[_Request, list[int], int, int, list[int]]],
+        logit_rows: int,
+    ) -> None:
+        """Write the copy-logit rows of the continued requests if this step's logits can be
+        attributed exactly (see the module's docstring), else count a skip."""
+        matching = [r for r in records if r[0].shape[0] == logit_rows and r[0].shape[1] == pool.breadth]
+        consistent = all(
+            len(sampled) - 1 <= len(chain) and sampled[:-1] == chain[: len(sampled) - 1]
+            for _, sampled, _, _, chain in continued
+        )
+        if len(matching) != 1 or not consistent:
+            self.stats["logit_skips"] += 1
+            return
+        ids_t, probs_t = matching[0]
+        ids = np.asarray(ids_t.cpu())
+        probs = None if probs_t is None else np.clip(np.asarray(probs_t.float().cpu()), 0.0, 1.0)
+        assert self.vocab_size is not None
+        for request, sampled, first, root, chain in continued:
+            if not request.drafting or request.key not in pool:
+                continue
+            nodes = np.array([root, *chain], dtype=np.int64)
+            order = copy_logit_order(len(nodes), list(range(len(sampled))))
+            rows = ids[first + order]
+            if in_vocab(rows, self.vocab_size):
+                pool.update_topk(request.key, nodes[order], rows, None if probs is None else probs[first + order])
+        self.stats["logit_steps"] += 1
+
+
+def _config_vocab(config: Any) -> int | None:
+    """The vocabulary size a vLLM model config (``get_vocab_size()``) or a Hugging Face config
+    (``vocab_size``) gives, else ``None``."""
+    if config is None:
+        return None
+    getter = getattr(config, "get_vocab_size", None)
+    value = getter() if callable(getter) else getattr(config, "vocab_size", None)
+    if value is None:
+        text = getattr(config, "get_text_config", None)
+        value = getattr(text(), "vocab_size", None) if callable(text) else None
+    return int(value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0 else None
