@@ -151,7 +151,7 @@ class AutoBatchCapacity:
         report["batch_sizes"] = dict(sorted(self.batch_sizes[row].items()))
         report["padded_sizes"] = dict(sorted(self.padded_sizes[row].items()))
         report["cost_model"] = "per batch size (1: the single-request curve; 2, 4, 8, ...: measured batched)"
-        return report | {"setup_s": self.setup_seconds}
+        return {"auto_capacity": report | {"setup_s": self.setup_seconds}}
 
     def save(self) -> None:
         """Store the calibration and every batch size's cost model for later requests."""
