@@ -630,3 +630,40 @@ def test_auto_reports_every_row_s_choices(forced_cost: Any) -> None:
         assert set(report["batch_sizes"]) <= {1, 2, 3} and 3 in report["batch_sizes"]
         assert set(report["cost_curve_ms"]) == {1, 2, 4, 8, 16, 32, 64}
         assert 0.0 <= report["setup_s"] <= result.timings["total"]
+
+
+# --- grouped-query attention without repeat_kv ---------------------------------------------------
+
+
+def test_packed_gqa_attention_equals_transformers_sdpa() -> None:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from racer_rs.engine.attention import packed_gqa_attention
+
+    class Module(torch.nn.Module):
+        num_key_value_groups = 3
+
+    generator = torch.Generator().manual_seed(0)
+    batch, kv_heads, n, length, dim = 2, 2, 5, 11, 8
+    query = torch.randn(batch, 3 * kv_heads, n, dim, generator=generator)
+    key = torch.randn(batch, kv_heads, length, dim, generator=generator)
+    value = torch.randn(batch, kv_heads, length, dim, generator=generator)
+    mask = torch.where(torch.rand(batch, 1, n, length, generator=generator) < 0.3, -1e30, 0.0)
+    mask[..., 0] = 0.0  # every query attends to something
+    expected, _ = sdpa_attention_forward(Module(), query, key, value, mask, scaling=0.35)
+    actual, _ = packed_gqa_attention(Module(), query, key, value, mask, scaling=0.35)
+    assert actual.shape == expected.shape == (batch, n, 3 * kv_heads, dim)
+    torch.testing.assert_close(actual, expected)
+
+
+def test_gqa_attention_switches_the_model_only_inside_the_block() -> None:
+    from racer_rs.engine.attention import NAME, gqa_attention
+
+    model = _model("qwen2")
+    assert model.config._attn_implementation == "sdpa"
+    with gqa_attention(model):
+        assert model.config._attn_implementation == NAME
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(RuntimeError), gqa_attention(model):
+        raise RuntimeError
+    assert model.config._attn_implementation == "sdpa"

@@ -35,6 +35,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from racer_rs._native import DraftTree
+from racer_rs.engine.attention import gqa_attention
 from racer_rs.engine.verifier import GrowableLayer, PrefillOutput, TreeVerifier, check_model
 
 
@@ -230,7 +231,8 @@ class BatchVerifier:
         self.padded_tokens += int(inputs["input_ids"].numel())
         self.tree_tokens += sum(len(tree) for tree in trees)
         start = time.perf_counter()
-        logits: torch.Tensor = self.model(**inputs, cache=self.cache, use_cache=True).logits
+        with gqa_attention(self.model):
+            logits: torch.Tensor = self.model(**inputs, cache=self.cache, use_cache=True).logits
         self.model_seconds += time.perf_counter() - start
         return logits
 
