@@ -112,8 +112,8 @@ def generate(
             a prompt (plus ``max_new_tokens``) longer than the model's window (a ``ValueError``).
         InvalidTypeError: arguments of the wrong type, or a model that is not a causal LM
             (a ``TypeError``).
-        UnsupportedError: batch size above 1, or an unsupported model architecture (a
-            ``NotImplementedError``).
+        UnsupportedError: batch size above 1 (see :func:`racer_rs.generate_batch`), or an
+            unsupported model architecture (a ``NotImplementedError``).
     """
     total_start = time.perf_counter()
     request = check_request(
