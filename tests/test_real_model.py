@@ -137,3 +137,60 @@ def test_a_seeded_sampled_run_is_reproducible(smollm2, prompts):
     other_seed = racer_rs.generate(model, ids, method="racer", seed=8, **options)
     assert first.tokens == again.tokens == other_method.tokens  # sampling is keyed by position
     assert first.tokens != other_seed.tokens
+
+
+# --- generate_batch ---------------------------------------------------------------------------
+
+BATCH_TOKENS = 32
+BATCH_CATEGORIES = ("summarization", "math_reasoning", "translation")
+
+
+@pytest.fixture(scope="module")
+def batch_prompts(smollm2):  # type: ignore[no-untyped-def]
+    """Three questions of very different lengths (a long text to summarise, a short math question,
+    a sentence to translate), and plain greedy decoding of each, cut after the end-of-turn token."""
+    model, tokenizer = smollm2
+    questions = load_benchmark([REPO_ROOT / "data" / "spec_bench.jsonl"], limit=1)
+    chosen = {q.category: q for q in questions if q.category in BATCH_CATEGORIES}
+    prompts = [encode_conversation(tokenizer, chosen[name].turns[:1], []) for name in BATCH_CATEGORIES]
+    eos = tokenizer.eos_token_id
+    expected = []
+    for ids in prompts:
+        tokens = plain_greedy(model, ids, BATCH_TOKENS)
+        expected.append(tokens[: tokens.index(eos) + 1] if eos in tokens else tokens)
+    assert len({len(ids) for ids in prompts}) == 3
+    return prompts, expected
+
+
+@pytest.mark.parametrize(
+    ("method", "capacity"),
+    [("ar", 16), ("pld", 16), ("token_recycling", 16), ("racer", 16), ("racer_scored", 16), ("racer", "auto")],
+)
+def test_every_batch_row_equals_plain_greedy_decoding(smollm2, batch_prompts, method, capacity):
+    # Rows padded to the step's largest tree, ragged prompts (holes in the KV cache): in float32
+    # the extra masked columns change only the last bits of the logits, never a token.
+    model, tokenizer = smollm2
+    prompts, expected = batch_prompts
+    results = racer_rs.generate_batch(
+        model,
+        prompts,
+        method=method,
+        max_new_tokens=BATCH_TOKENS,
+        eos_token_id=tokenizer.eos_token_id,
+        capacity=capacity,
+        max_capacity=16,
+    )
+    for row, result in enumerate(results):
+        assert result.tokens == expected[row], (method, capacity, row)
+    if method == "racer":
+        assert results[0].mat > 1.3  # the summary copies from its prompt: drafts were accepted
+
+
+def test_a_seeded_batch_row_samples_what_generate_samples_with_its_seed(smollm2, batch_prompts):
+    model, tokenizer = smollm2
+    prompts, _ = batch_prompts
+    options = {"max_new_tokens": 24, "temperature": 0.8, "top_p": 0.95, "eos_token_id": tokenizer.eos_token_id}
+    results = racer_rs.generate_batch(model, prompts, method="racer", seed=7, **options)
+    for row, (ids, result) in enumerate(zip(prompts, results, strict=True)):
+        alone = racer_rs.generate(model, ids, method="ar", seed=7 + row, **options)
+        assert result.tokens == alone.tokens, row

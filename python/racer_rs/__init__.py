@@ -1,7 +1,7 @@
 """racer_rs: fast, lossless, training-free speculative decoding with a Rust core.
 
 ``import racer_rs`` loads only the Rust core and numpy. The model layer
-(:func:`racer_rs.generate`, :func:`racer_rs.load_model`, the self-draft API
+(:func:`racer_rs.generate`, :func:`racer_rs.generate_batch`, :func:`racer_rs.load_model`, the self-draft API
 :func:`racer_rs.self_draft`, :func:`racer_rs.load_self_draft`, :func:`racer_rs.distill_self_draft`)
 imports torch and transformers on first use.
 """
@@ -36,6 +36,7 @@ from racer_rs.errors import (
 )
 
 if TYPE_CHECKING:
+    from racer_rs.engine.batch import generate_batch
     from racer_rs.engine.generation import GenerationResult, generate
     from racer_rs.loading.models import load_model, resolve_model
     from racer_rs.selfdraft.checkpoint import load_self_draft
@@ -66,6 +67,7 @@ __all__ = [
     "distill_self_draft",
     "edge_cell_priors",
     "generate",
+    "generate_batch",
     "load_model",
     "load_self_draft",
     "prompt_lookup",
@@ -76,6 +78,7 @@ __all__ = [
 _LAZY = {
     "generate": "racer_rs.engine.generation",
     "GenerationResult": "racer_rs.engine.generation",
+    "generate_batch": "racer_rs.engine.batch",
     "load_model": "racer_rs.loading.models",
     "resolve_model": "racer_rs.loading.models",
     "self_draft": "racer_rs.selfdraft.model",

@@ -91,6 +91,30 @@ class SizeChoice:
     uncorrected_extra: float
 
 
+@dataclass(frozen=True)
+class Ranking:
+    """A drafter's tree ranked for a size choice.
+
+    Attributes:
+        order: node indices best first (root first; every prefix is a connected tree).
+        probabilities: every node's calibrated path probability (tree order).
+        corrected: the drafted nodes' probabilities in ``order[1:]``'s order, times the total's
+            correction (:meth:`EdgeCalibration.extra_scale`), at most 1.
+    """
+
+    order: np.ndarray
+    probabilities: np.ndarray
+    corrected: np.ndarray
+
+    def prefix(self, n: int) -> SizeChoice:
+        """The choice that keeps the ``n`` best nodes (root included)."""
+        return SizeChoice(
+            np.sort(self.order[:n]),
+            1.0 + float(self.corrected[: n - 1].sum()),
+            float(self.probabilities[self.order[1:n]].sum()),
+        )
+
+
 class TreeSizer:
     """Chooses each step's tree size for one request and learns from its outcomes.
 
@@ -113,6 +137,13 @@ class TreeSizer:
         """The calibrated probability of every edge cell (for drafters that build by it)."""
         return self.calibration.probabilities()
 
+    def rank(self, tree: DraftTree) -> Ranking:
+        """The drafter's tree best first, with calibrated and corrected probabilities."""
+        probabilities = path_probabilities(tree, self.calibration.probabilities())
+        order = best_first_order(tree, probabilities)
+        scale = self.calibration.extra_scale()  # one factor for all: the ranking stays the same
+        return Ranking(order, probabilities, np.minimum(probabilities[order[1:]] * scale, 1.0))
+
     def choose(self, tree: DraftTree, context: int) -> SizeChoice:
         """The nodes to verify and the tokens they are expected to commit (``1 +`` the sum of
         their acceptance probabilities, corrected by :meth:`EdgeCalibration.extra_scale`).
@@ -121,19 +152,14 @@ class TreeSizer:
             tree: the drafter's full tree.
             context: committed tokens (the forward's prefix length).
         """
-        probabilities = path_probabilities(tree, self.calibration.probabilities())
-        order = best_first_order(tree, probabilities)
-        scale = self.calibration.extra_scale()  # one factor for all: the ranking stays the same
-        corrected = np.minimum(probabilities[order[1:]] * scale, 1.0)
+        ranking = self.rank(tree)
         limit = min(len(tree), self.max_capacity)
         # Per-size corrections are learned from noisy steps; a bigger tree never costs less.
         steps = np.maximum.accumulate(self.cost.step_seconds(np.arange(1, limit + 1), context))
-        n = best_prefix_size(corrected, steps)
+        n = best_prefix_size(ranking.corrected, steps)
         if n == 1 and limit > 1 and self.unverified_steps >= EXPLORE_AFTER:
             n = 2
-        return SizeChoice(
-            np.sort(order[:n]), 1.0 + float(corrected[: n - 1].sum()), float(probabilities[order[1:n]].sum())
-        )
+        return ranking.prefix(n)
 
     def observe(
         self,
@@ -157,6 +183,14 @@ class TreeSizer:
             context: the step's prefix length; ``forward`` and ``step`` its measured seconds.
             committed: tokens the step committed.
         """
+        self.learn(full, choice, path, bonus, randomized, committed)
+        self.cost.observe(len(choice.keep), context, forward, step - forward)
+
+    def learn(
+        self, full: DraftTree, choice: SizeChoice, path: list[int], bonus: int, randomized: bool, committed: int
+    ) -> None:
+        """The acceptance half of :meth:`observe`: calibration and statistics, not the cost model
+        (a batched step's cost is observed once for the whole batch)."""
         keep = choice.keep
         accepted = keep[np.asarray(path, dtype=np.int64)]
         if randomized:
@@ -165,7 +199,6 @@ class TreeSizer:
         else:
             self.calibration.observe_step(full, accepted, bonus)
         self.calibration.record_step(choice.uncorrected_extra, len(path) - 1)
-        self.cost.observe(len(keep), context, forward, step - forward)
         self.sizes[len(keep)] += 1
         self.predicted.append(choice.expected)
         self.observed.append(committed)

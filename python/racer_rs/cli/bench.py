@@ -121,6 +121,15 @@ def add_parser(subparsers: Any) -> None:
         help="largest tree --capacity auto may verify (default: 64)",
     )
     parser.add_argument("--seed", type=common.seed, default=0, help="question i uses seed + i")
+    parser.add_argument(
+        "--batch-size",
+        type=common.positive_int,
+        nargs="+",
+        metavar="B",
+        help="benchmark racer_rs.generate_batch instead: throughput of every method batched B prompts at a "
+        "time against batched ar and against decoding the same prompts one by one (first turns only; "
+        "default methods ar,racer@16,racer@auto; see racer_rs.bench.batch)",
+    )
     parser.add_argument("--persistent", action="store_true", help="keep drafter state across requests")
     parser.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -293,6 +302,11 @@ class _Progress:
 def run(args: argparse.Namespace) -> int:
     """Run ``racer bench``; return the exit code (1 when a greedy run found a mismatch)."""
     common.require_extra("hf", "racer bench")
+    if args.batch_size:
+        from racer_rs.bench.batch import run_batch_bench
+
+        with common.torch_threads(args.threads):
+            return run_batch_bench(args)
     if not args.no_plots:
         common.require_extra("plots", "the plots of racer bench (or pass --no-plots)")
     with common.torch_threads(args.threads):

@@ -118,6 +118,28 @@ class Verification:
     topk_probs: np.ndarray | None = None
 
 
+def check_proposal(name: str, proposal: Any, capacity: int, next_token: int) -> Proposal:
+    """``proposal`` if drafter ``name`` kept the rules: a :class:`Proposal` holding a
+    :class:`DraftTree` of at most ``capacity`` nodes rooted at ``next_token`` (a chain with one
+    ``draft_probs`` row per drafted node, if it has them).
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: a rule broken (the message names the drafter).
+    """
+    if not isinstance(proposal, Proposal) or not isinstance(proposal.tree, DraftTree):
+        raise InvalidTypeError(f"drafter {name!r} must return a Proposal holding a DraftTree")
+    size = len(proposal.tree)
+    if size > capacity:
+        raise InvalidArgumentError(f"drafter {name!r} proposed {size} nodes for a capacity of {capacity}")
+    if int(proposal.tree.tokens[0]) != next_token:
+        raise InvalidArgumentError(f"drafter {name!r} returned a tree whose root is not next_token")
+    if proposal.draft_probs is not None and (
+        proposal.tree.max_depth != size - 1 or tuple(proposal.draft_probs.shape[:1]) != (size - 1,)
+    ):
+        raise InvalidArgumentError(f"drafter {name!r}: draft_probs needs a chain tree and one row per drafted node")
+    return proposal
+
+
 class DecodeLoop:
     """Runs one request: prefill, then draft / verify / accept / commit until done.
 
@@ -248,19 +270,7 @@ class DecodeLoop:
             proposal = propose(context, state.next_token, capacity, edge_calibration=calibration)
         else:
             proposal = self.drafter.propose(context, state.next_token, capacity)
-        name = self.drafter.name
-        if not isinstance(proposal, Proposal) or not isinstance(proposal.tree, DraftTree):
-            raise InvalidTypeError(f"drafter {name!r} must return a Proposal holding a DraftTree")
-        size = len(proposal.tree)
-        if size > capacity:
-            raise InvalidArgumentError(f"drafter {name!r} proposed {size} nodes for a capacity of {capacity}")
-        if int(proposal.tree.tokens[0]) != state.next_token:
-            raise InvalidArgumentError(f"drafter {name!r} returned a tree whose root is not next_token")
-        if proposal.draft_probs is not None and (
-            proposal.tree.max_depth != size - 1 or tuple(proposal.draft_probs.shape[:1]) != (size - 1,)
-        ):
-            raise InvalidArgumentError(f"drafter {name!r}: draft_probs needs a chain tree and one row per drafted node")
-        return proposal
+        return check_proposal(self.drafter.name, proposal, capacity, state.next_token)
 
     def verify(self, state: DecodeState, proposal: Proposal) -> Verified:
         """Score the tree with the target; queue the acceptor's predictions and the drafter's

@@ -112,8 +112,8 @@ def generate(
             a prompt (plus ``max_new_tokens``) longer than the model's window (a ``ValueError``).
         InvalidTypeError: arguments of the wrong type, or a model that is not a causal LM
             (a ``TypeError``).
-        UnsupportedError: batch size above 1, or an unsupported model architecture (a
-            ``NotImplementedError``).
+        UnsupportedError: batch size above 1 (see :func:`racer_rs.generate_batch`), or an
+            unsupported model architecture (a ``NotImplementedError``).
     """
     total_start = time.perf_counter()
     request = check_request(
@@ -211,7 +211,7 @@ def check_request(
     if seed is not None:
         seed = rules.seed("seed", seed)
     sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
-    eos_ids = _eos_ids(eos_token_id, vocab)
+    eos = eos_ids(eos_token_id, vocab)
     window = model_window(model)
     if window is not None and len(prompt) + max_new_tokens > window:
         raise InvalidArgumentError(
@@ -241,7 +241,7 @@ def check_request(
         prompt=prompt,
         max_new_tokens=int(max_new_tokens),
         sampling=sampling,
-        eos_ids=eos_ids,
+        eos_ids=eos,
         auto=auto,
         capacity=max_capacity if auto else int(capacity),
         max_capacity=int(max_capacity),
@@ -302,7 +302,8 @@ def prompt_ids(name: str, value: Any, vocab: int) -> np.ndarray:
     return array
 
 
-def _eos_ids(eos_token_id: Any, vocab: int) -> tuple[int, ...]:
+def eos_ids(eos_token_id: Any, vocab: int) -> tuple[int, ...]:
+    """The ids that end a request: ``None``, one id, or a list of ids, each in ``[0, vocab)``."""
     if eos_token_id is None:
         return ()
     if isinstance(eos_token_id, (list, tuple)):

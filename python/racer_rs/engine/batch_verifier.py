@@ -1,0 +1,304 @@
+"""Batched tree verification: every live request's draft tree scored in ONE target forward.
+
+The KV cache holds ragged rows. Every layer keeps ``[B, H, P, D]`` keys and values, ``P`` (the
+*physical* length) being the longest row's committed length; row ``b``'s committed tokens fill
+columns ``0 .. lengths[b] - 1`` (its positions ``0 .. lengths[b] - 1``, left-aligned), and the
+columns ``lengths[b] .. P - 1`` are *holes*: a shorter prompt's tail, or rows a finished tree
+left behind. Holes hold finite values (zeros or stale keys) and are never attended: the additive
+mask blocks them.
+
+A step appends ``n_max`` columns, ``n_max`` being the step's largest tree: row ``b``'s ``n_b``
+nodes at columns ``P .. P + n_b - 1``, then ``n_max - n_b`` padding nodes (the root's token again).
+Node ``i`` of row ``b`` sits at position ``lengths[b] + depth(i)`` and attends to the row's valid
+prefix and to its own ancestors (and itself), through a 4D additive mask
+``[B, 1, n_max, P + n_max]``; a padding node attends only to itself, and nothing attends to it.
+
+After acceptance, each row's accepted nodes' K/V rows are gathered to the row's own offset
+(columns ``lengths[b] ..``), rows that finished are dropped from the batch dimension, and the
+cache is cropped to the new longest row: rows accept different lengths and never wait for each
+other. The holes a short row carries cost attention work (masked columns are still computed), at
+most the spread of the rows' lengths.
+
+Prompts are prefilled one by one (:meth:`racer_rs.engine.verifier.TreeVerifier.prefill`, exactly
+what :func:`racer_rs.generate` computes, the drafters' prompt top-k included) and their caches
+copied into the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from racer_rs._native import DraftTree
+from racer_rs.engine.attention import gqa_attention
+from racer_rs.engine.verifier import GrowableLayer, PrefillOutput, TreeVerifier, check_model
+
+
+class BatchLayer(GrowableLayer):
+    """A :class:`GrowableLayer` whose batch rows can be replaced or dropped."""
+
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor, rows: int) -> None:
+        """Start from an empty batch of ``rows`` rows shaped like ``keys``/``values`` ``[1, H, L, D]``
+        (the columns are filled by :meth:`write_row`)."""
+        self.lazy_initialization(keys, values)
+        self._key_buffer = keys.new_zeros((rows, keys.shape[1], 0, keys.shape[3]))
+        self._value_buffer = values.new_zeros((rows, values.shape[1], 0, values.shape[3]))
+
+    def reserve(self, columns: int) -> None:
+        """Make room for ``columns`` columns (zeros where nothing was written)."""
+        used = self.get_seq_length()
+        if columns > self._key_buffer.shape[-2]:
+            self._key_buffer = self._zero_grown(self._key_buffer, used, columns)
+            self._value_buffer = self._zero_grown(self._value_buffer, used, columns)
+        self.keys = self._key_buffer[..., : max(used, columns), :]
+        self.values = self._value_buffer[..., : max(used, columns), :]
+
+    @staticmethod
+    def _zero_grown(buffer: torch.Tensor, used: int, needed: int) -> torch.Tensor:
+        grown = buffer.new_zeros((*buffer.shape[:-2], max(2 * needed, 256), buffer.shape[-1]))
+        grown[..., :used, :] = buffer[..., :used, :]
+        return grown
+
+    def write_row(self, row: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Copy one request's ``[1, H, L, D]`` cache into columns ``0 .. L - 1`` of ``row``."""
+        length = keys.shape[-2]
+        self._key_buffer[row, :, :length] = keys[0]
+        self._value_buffer[row, :, :length] = values[0]
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep the batch rows ``index`` (in that order)."""
+        end = self.get_seq_length()
+        self._key_buffer = self._key_buffer.index_select(0, index)
+        self._value_buffer = self._value_buffer.index_select(0, index)
+        self.keys = self._key_buffer[..., :end, :]
+        self.values = self._value_buffer[..., :end, :]
+
+
+class BatchVerifier:
+    """Owns a batch's ragged KV cache and scores every row's draft tree in one forward.
+
+    Attributes:
+        model: the target.
+        device: where its parameters live; ``dtype`` their dtype (the mask's too).
+        lengths: ``int64[B]`` committed tokens of every live row (its valid prefix).
+        cache: the batch's KV cache (``None`` before :meth:`prefill`).
+        model_seconds: wall time inside the target's forward calls of decode steps.
+        padded_tokens: tree tokens the forwards processed (``B x n_max`` per step).
+        tree_tokens: real tree nodes among them.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        check_model(model)
+        self.model = model
+        parameter = next(model.parameters())
+        self.device = parameter.device
+        self.dtype = parameter.dtype
+        self._mask_min = torch.finfo(self.dtype).min
+        self.lengths = np.zeros(0, dtype=np.int64)
+        self.cache: DynamicCache | None = None
+        self.model_seconds = 0.0
+        self.padded_tokens = 0
+        self.tree_tokens = 0
+
+    @property
+    def batch(self) -> int:
+        """Number of live rows."""
+        return len(self.lengths)
+
+    @property
+    def physical(self) -> int:
+        """Committed columns of the cache: the longest live row's length."""
+        return int(self.lengths.max()) if len(self.lengths) else 0
+
+    def _layers(self) -> list[BatchLayer]:
+        assert self.cache is not None, "prefill() must be called first"
+        layers = self.cache.layers
+        assert all(isinstance(layer, BatchLayer) for layer in layers)
+        return layers  # type: ignore[return-value]  # checked just above
+
+    @torch.inference_mode()
+    def prefill(
+        self,
+        prompts: Sequence[np.ndarray],
+        topk: int = 0,
+        probs_temperature: float | None = None,
+        timings: list[float] | None = None,
+    ) -> list[PrefillOutput]:
+        """Run every prompt through the target (one by one, as :func:`racer_rs.generate` does)
+        and gather their caches into the batch's.
+
+        Args:
+            prompts: ``int32[L_b]`` prompts, ``L_b >= 1``.
+            topk: top ids per prompt position for the drafters (see ``TreeVerifier.prefill``).
+            probs_temperature: also return the top-k ids' probabilities under this temperature.
+            timings: if given, receives every prompt's prefill seconds.
+
+        Returns:
+            Every prompt's :class:`PrefillOutput`, in order.
+        """
+        single = TreeVerifier(self.model)
+        lengths = np.asarray([len(p) for p in prompts], dtype=np.int64)
+        outputs = []
+        layers: list[BatchLayer] = []
+        for row, prompt in enumerate(prompts):
+            started = time.perf_counter()
+            outputs.append(single.prefill(prompt, topk=topk, probs_temperature=probs_temperature))
+            for index, layer in enumerate(single.cache.layers):
+                assert isinstance(layer, GrowableLayer) and layer.keys is not None and layer.values is not None
+                keys, values = layer.keys, layer.values
+                if row == 0:
+                    layers.append(BatchLayer())  # type: ignore[no-untyped-call]  # transformers' __init__
+                    layers[index].adopt(keys, values, len(prompts))
+                    layers[index].reserve(int(lengths.max()))
+                layers[index].write_row(row, keys, values)
+            if timings is not None:
+                timings.append(time.perf_counter() - started)
+        cache = DynamicCache(config=self.model.config)
+        cache.layers = list(layers)
+        self.cache = cache
+        self.lengths = lengths
+        return outputs
+
+    def tree_mask(self, ancestors: np.ndarray) -> torch.Tensor:
+        """The additive 4D mask ``[B, 1, n, P + n]``: 0 where attention is allowed.
+
+        Row ``b`` may attend to its valid prefix (columns ``0 .. lengths[b] - 1``) and, inside
+        the tree block, where ``ancestors[b]`` allows.
+
+        Args:
+            ancestors: ``bool[B, n, n]``, ``[b, i, j]`` true iff node ``j`` of row ``b`` is node
+                ``i`` or one of its ancestors (a padding node: itself only).
+        """
+        batch, n = ancestors.shape[:2]
+        physical = self.physical
+        mask = torch.zeros((batch, 1, n, physical + n), dtype=self.dtype, device=self.device)
+        if physical and int(self.lengths.min()) < physical:  # holes: shorter rows' columns past their end
+            columns = torch.arange(physical, device=self.device)
+            lengths = torch.from_numpy(self.lengths).to(self.device)
+            holes = columns.unsqueeze(0) >= lengths.unsqueeze(1)  # [B, P]
+            mask[:, 0, :, :physical].masked_fill_(holes.unsqueeze(1), self._mask_min)
+        blocked = torch.from_numpy(~ancestors).to(self.device)
+        mask[:, 0, :, physical:].masked_fill_(blocked, self._mask_min)
+        return mask
+
+    def tree_inputs(self, trees: Sequence[DraftTree]) -> dict[str, Any]:
+        """The forward's inputs for one tree per live row (padded to the largest tree)."""
+        batch = len(trees)
+        if batch != self.batch:
+            raise ValueError(f"expected one tree per live row ({self.batch}), got {batch}")
+        n_max = max(len(tree) for tree in trees)
+        ids = np.empty((batch, n_max), dtype=np.int64)
+        positions = np.empty((batch, n_max), dtype=np.int64)
+        ancestors = np.zeros((batch, n_max, n_max), dtype=bool)
+        padding = np.arange(n_max)
+        for row, tree in enumerate(trees):
+            n = len(tree)
+            ids[row, :n] = tree.tokens
+            ids[row, n:] = tree.tokens[0]  # a padding node: any valid token, attended by nobody
+            positions[row, :n] = tree.depths.astype(np.int64) + self.lengths[row]
+            positions[row, n:] = self.lengths[row]
+            ancestors[row, :n, :n] = tree.attention_mask() if n > 1 else True
+            ancestors[row, padding[n:], padding[n:]] = True
+        input_ids = torch.from_numpy(ids).to(self.device)
+        if batch == 1 and n_max == 1:
+            # A lone root of a lone row is plain decoding (no holes at batch 1): as TreeVerifier.
+            return {"input_ids": input_ids}
+        return {
+            "input_ids": input_ids,
+            "position_ids": torch.from_numpy(positions).to(self.device),
+            "attention_mask": self.tree_mask(ancestors),
+        }
+
+    @torch.inference_mode()
+    def forward_trees(self, trees: Sequence[DraftTree]) -> torch.Tensor:
+        """Score every live row's tree in one forward pass.
+
+        Appends ``n_max`` columns to the cache (they stay until :meth:`commit`).
+
+        Args:
+            trees: one tree per live row, in row order.
+
+        Returns:
+            ``[B, n_max, V]`` raw logits; ``[b, i]`` predicts the token after node ``i`` of row
+            ``b`` (rows past a tree's size belong to padding nodes).
+        """
+        inputs = self.tree_inputs(trees)
+        self.padded_tokens += int(inputs["input_ids"].numel())
+        self.tree_tokens += sum(len(tree) for tree in trees)
+        start = time.perf_counter()
+        with gqa_attention(self.model):
+            logits: torch.Tensor = self.model(**inputs, cache=self.cache, use_cache=True).logits
+        self.model_seconds += time.perf_counter() - start
+        return logits
+
+    @torch.inference_mode()
+    def commit(self, paths: Sequence[np.ndarray | None]) -> None:
+        """Keep every continuing row's accepted nodes after its prefix; drop finished rows.
+
+        Args:
+            paths: per live row, its accepted node indices (ascending, root first), or ``None``
+                for a row that finished (it leaves the batch).
+        """
+        if len(paths) != self.batch:
+            raise ValueError(f"expected one path per live row ({self.batch}), got {len(paths)}")
+        physical = self.physical
+        keep = [row for row, path in enumerate(paths) if path is not None]
+        self._select(keep)
+        if not keep:
+            return
+        accepted = [np.asarray(paths[row], dtype=np.int64) for row in keep]
+        moves = [
+            (row, path)
+            for row, path in enumerate(accepted)
+            if not (self.lengths[row] == physical and int(path[-1]) == len(path) - 1)
+        ]
+        if moves:
+            width = max(len(path) for _, path in moves)
+            rows = np.empty((len(moves), width), dtype=np.int64)
+            source = np.empty_like(rows)
+            target = np.empty_like(rows)
+            for index, (row, path) in enumerate(moves):
+                # Shorter paths repeat their last move: the same value written twice.
+                padded = np.pad(path, (0, width - len(path)), mode="edge")
+                steps = np.minimum(np.arange(width), len(path) - 1)
+                rows[index] = row
+                source[index] = physical + padded
+                target[index] = self.lengths[row] + steps
+            index_rows, index_source, index_target = (
+                torch.from_numpy(a).to(self.device) for a in (rows, source, target)
+            )
+            for layer in self._layers():
+                assert layer.keys is not None and layer.values is not None
+                layer.keys[index_rows, :, index_target] = layer.keys[index_rows, :, index_source]
+                layer.values[index_rows, :, index_target] = layer.values[index_rows, :, index_source]
+        self.lengths = self.lengths + np.asarray([len(path) for path in accepted], dtype=np.int64)
+        self.discard_uncommitted()
+
+    def keep_rows(self, keep: Sequence[int]) -> None:
+        """Drop every row not in ``keep`` (between forwards: nothing uncommitted in the cache)."""
+        self._select(list(keep))
+        if len(keep):
+            self.discard_uncommitted()
+
+    def _select(self, keep: list[int]) -> None:
+        if len(keep) == self.batch:
+            return
+        self.lengths = self.lengths[keep]
+        if not keep:
+            self.cache = None
+            return
+        index = torch.as_tensor(keep, dtype=torch.long, device=self.device)
+        for layer in self._layers():
+            layer.select_rows(index)
+
+    def discard_uncommitted(self) -> None:
+        """Crop the cache to the longest row (drops uncommitted tree columns)."""
+        assert self.cache is not None
+        surplus = self.cache.get_seq_length() - self.physical
+        if surplus > 0:
+            self.cache.crop(-surplus)

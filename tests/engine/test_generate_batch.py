@@ -1,0 +1,669 @@
+"""``generate_batch``: every row lossless on its own, the ragged KV cache, one ``auto`` budget.
+
+Greedy rows must equal plain greedy decoding of their prompt (every tested family and every
+method that batches, ragged prompts, rows finishing at different steps); sampled rows must follow
+the exact distribution (a chi-square test per row, which a deliberately lossy rule fails) and a
+seeded row ``b`` must give the very text plain sampling gives with seed ``seed + b``. The batched
+verifier's cache is checked against one-request caches step by step, and ``capacity="auto"``'s
+batch-wide rule against a brute-force oracle.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import racer_rs  # noqa: E402
+from racer_rs.autosize import batch as batch_sizing  # noqa: E402
+from racer_rs.autosize import sizer as tree_size  # noqa: E402
+from racer_rs.autosize.batch import BatchCosts, best_batch_size, bucket_sizes, interpolated  # noqa: E402
+from racer_rs.autosize.cost_model import CostModel, synthetic_tree  # noqa: E402
+from racer_rs.autosize.sizer import Ranking, best_prefix_size  # noqa: E402
+from racer_rs.drafters.base import Proposal  # noqa: E402
+from racer_rs.engine import batch as batch_engine  # noqa: E402
+from racer_rs.engine.batch import BatchDecodeLoop  # noqa: E402
+from racer_rs.engine.batch_capacity import AutoBatchCapacity  # noqa: E402
+from racer_rs.engine.batch_verifier import BatchVerifier  # noqa: E402
+from racer_rs.engine.decode_loop import Verification  # noqa: E402
+from racer_rs.engine.sampling import SamplingConfig, process_logits, resample_node  # noqa: E402
+from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError  # noqa: E402
+from tests.helpers import FAMILIES, REPEATING_PROMPT, plain_greedy, plain_sampling, random_prompt, tiny_model  # noqa: E402
+from tests.stats import chi_square_pvalue  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+BATCH_METHODS = ["ar", "pld", "token_recycling", "racer", "racer_scored", "racer_retrieval", "racer_logits"]
+#: Ragged prompts: a repeating one (drafts get accepted), a short and a long random one.
+PROMPTS = [REPEATING_PROMPT, random_prompt(1, 9), random_prompt(2, 30)]
+BUDGETS = [40, 24, 33]
+
+_models: dict[tuple[str, int], torch.nn.Module] = {}
+_plain: dict[tuple[str, int, tuple[int, ...], int], list[int]] = {}
+
+
+def _model(family: str, seed: int = 0) -> torch.nn.Module:
+    if (family, seed) not in _models:
+        _models[(family, seed)] = tiny_model(family, seed=seed, sharpen=4.0)
+    return _models[(family, seed)]
+
+
+def _expected(family: str, prompt: list[int], budget: int, seed: int = 0) -> list[int]:
+    key = (family, seed, tuple(prompt), budget)
+    if key not in _plain:
+        _plain[key] = plain_greedy(_model(family, seed), prompt, budget)
+    return _plain[key]
+
+
+# --- greedy: every row equals plain greedy decoding ------------------------------------------
+
+
+@pytest.mark.parametrize("method", BATCH_METHODS)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_row_equals_plain_greedy(family: str, method: str) -> None:
+    results = racer_rs.generate_batch(_model(family), PROMPTS, method=method, max_new_tokens=BUDGETS)
+    for row, (prompt, budget, result) in enumerate(zip(PROMPTS, BUDGETS, results, strict=True)):
+        assert result.tokens == _expected(family, prompt, budget), (family, method, row)
+        assert result.method == method
+
+
+@pytest.mark.parametrize("method", BATCH_METHODS)
+def test_every_row_takes_the_steps_generate_takes(method: str) -> None:
+    """Each row drafts what its own request would (one DraftPool call for RACER's methods) and
+    accepts the same paths: accepted lengths match ``generate`` step for step."""
+    model = _model("llama")
+    results = racer_rs.generate_batch(model, PROMPTS, method=method, max_new_tokens=BUDGETS, capacity=12)
+    for prompt, budget, result in zip(PROMPTS, BUDGETS, results, strict=True):
+        alone = racer_rs.generate(model, prompt, method=method, max_new_tokens=budget, capacity=12)
+        assert result.accepted_lengths == alone.accepted_lengths
+        assert result.extras["mean_tree_size"] == pytest.approx(alone.extras["mean_tree_size"])
+    if method != "ar":
+        assert max(r.mat for r in results) > 1.3  # drafts were accepted: trees were really verified
+
+
+def test_rows_finish_at_different_steps_with_an_eos_inside_an_accepted_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EOS 21 ends row 0 early, never comes in row 1 (its budget ends it) and ends row 2 in the
+    middle of an accepted path (the path is cut after it)."""
+    model, eos = _model("llama"), 21
+    cut_inside_path = []
+    commit = BatchDecodeLoop.commit
+
+    def spy(self: BatchDecodeLoop, live: list[int], proposals: Any, verifications: list[Verification]) -> list[int]:
+        before = [self.states[row].length for row in live]
+        still = commit(self, live, proposals, verifications)
+        for row, length, verification in zip(live, before, verifications, strict=True):
+            if self.states[row].finished and len(verification.path) > self.states[row].length - length:
+                cut_inside_path.append(row)
+        return still
+
+    monkeypatch.setattr(BatchDecodeLoop, "commit", spy)
+    results = racer_rs.generate_batch(model, PROMPTS, method="racer", max_new_tokens=40, eos_token_id=eos)
+    for prompt, result in zip(PROMPTS, results, strict=True):
+        plain = _expected("llama", prompt, 40)
+        assert result.tokens == (plain[: plain.index(eos) + 1] if eos in plain else plain)
+    assert len({r.steps for r in results}) == 3  # every row left the batch at its own step
+    assert results[0].tokens[-1] == eos and eos not in results[1].tokens and len(results[1].tokens) == 40
+    assert cut_inside_path == [2]
+
+
+def test_a_batch_of_one_equals_generate() -> None:
+    model = _model("qwen3")
+    for method in BATCH_METHODS:
+        [row] = racer_rs.generate_batch(model, [REPEATING_PROMPT], method=method, max_new_tokens=40)
+        alone = racer_rs.generate(model, REPEATING_PROMPT, method=method, max_new_tokens=40, capacity=16)
+        assert (row.tokens, row.accepted_lengths, row.positions) == (
+            alone.tokens,
+            alone.accepted_lengths,
+            alone.positions,
+        )
+        sampled = {"temperature": 1.0, "top_p": 0.9, "seed": 3, "max_new_tokens": 40}
+        [row] = racer_rs.generate_batch(model, [REPEATING_PROMPT], method=method, **sampled)
+        alone = racer_rs.generate(model, REPEATING_PROMPT, method=method, capacity=16, **sampled)
+        assert (row.tokens, row.accepted_lengths) == (alone.tokens, alone.accepted_lengths)
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 5, 64])
+def test_any_fixed_capacity_is_lossless_and_respected(capacity: int) -> None:
+    results = racer_rs.generate_batch(_model("phi"), PROMPTS, method="racer", capacity=capacity, max_new_tokens=BUDGETS)
+    for prompt, budget, result in zip(PROMPTS, BUDGETS, results, strict=True):
+        assert result.tokens == _expected("phi", prompt, budget)
+        assert result.extras["mean_tree_size"] <= capacity
+
+
+def test_budgets_of_one_and_prompts_as_tensors() -> None:
+    model = _model("gpt_neox")
+    results = racer_rs.generate_batch(model, torch.tensor([PROMPTS[0][:9], PROMPTS[1]]), max_new_tokens=1)
+    assert [r.tokens for r in results] == [
+        _expected("gpt_neox", PROMPTS[0][:9], 1),
+        _expected("gpt_neox", PROMPTS[1], 1),
+    ]
+    mixed = [np.asarray(PROMPTS[0]), torch.tensor([PROMPTS[1]]), tuple(PROMPTS[2])]
+    results = racer_rs.generate_batch(model, mixed, max_new_tokens=[1, 7, 12])
+    assert [r.tokens for r in results] == [
+        _expected("gpt_neox", p, n) for p, n in zip(PROMPTS, [1, 7, 12], strict=True)
+    ]
+
+
+def test_result_contract_per_row() -> None:
+    results = racer_rs.generate_batch(_model("llama"), PROMPTS, max_new_tokens=BUDGETS, seed=11, temperature=0.7)
+    for row, (budget, result) in enumerate(zip(BUDGETS, results, strict=True)):
+        assert sum(result.accepted_lengths) == len(result.tokens) == budget
+        assert result.steps == len(result.accepted_lengths) == len(result.positions)
+        assert result.positions[0] == 0
+        assert all(
+            b - a == n for a, b, n in zip(result.positions, result.positions[1:], result.accepted_lengths, strict=False)
+        )
+        assert {"prefill", "draft", "verify", "forward", "accept", "bookkeeping", "total"} == set(result.timings)
+        assert result.timings["forward"] <= result.timings["verify"] <= result.timings["total"]
+        batch = result.extras["batch"]
+        assert (batch["size"], batch["row"], batch["seed"]) == (3, row, 11 + row)
+        assert batch["tree_tokens"] <= batch["padded_tokens"]
+    assert max(r.timings["total"] for r in results) <= results[0].extras["batch"]["wall_s"]
+
+
+def test_suffix_decoding_batches_row_by_row(arctic: None) -> None:
+    model = _model("llama")
+    for method in ("suffix", "suffix_chain"):
+        results = racer_rs.generate_batch(model, PROMPTS, method=method, max_new_tokens=BUDGETS)
+        assert [r.tokens for r in results] == [_expected("llama", p, n) for p, n in zip(PROMPTS, BUDGETS, strict=True)]
+
+
+# --- sampling ---------------------------------------------------------------------------------
+
+CONFIG = SamplingConfig(temperature=1.0, top_p=0.9)
+
+
+@pytest.mark.parametrize("method", BATCH_METHODS)
+def test_a_seeded_row_samples_what_plain_sampling_does_with_its_seed(method: str) -> None:
+    """Row ``b`` of a call with ``seed`` uses seed ``seed + b``: its text is plain sampling's."""
+    model = tiny_model("llama", seed=1, sharpen=15.0)
+    results = racer_rs.generate_batch(
+        model, PROMPTS, method=method, max_new_tokens=BUDGETS, temperature=1.0, top_p=0.9, seed=5
+    )
+    for row, (prompt, budget, result) in enumerate(zip(PROMPTS, BUDGETS, results, strict=True)):
+        assert result.tokens == plain_sampling(model, prompt, budget, CONFIG, 5 + row), (method, row)
+
+
+def test_a_seeded_batch_is_reproducible() -> None:
+    model = tiny_model("qwen2", seed=1, sharpen=8.0)
+    options: dict[str, Any] = {"max_new_tokens": 30, "temperature": 0.8, "top_k": 20, "top_p": 0.95}
+    first = [r.tokens for r in racer_rs.generate_batch(model, PROMPTS, seed=7, **options)]
+    assert [r.tokens for r in racer_rs.generate_batch(model, PROMPTS, seed=7, **options)] == first
+    assert [r.tokens for r in racer_rs.generate_batch(model, PROMPTS, seed=8, **options)] != first
+    assert len({tuple(tokens) for tokens in first}) == 3
+
+
+VOCAB = 16
+ROW_PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4]]
+FIRST = 2  # tokens whose joint distribution is tested: the prefill's sample and the first step's
+ALPHA = 1e-3
+RUNS = 1500
+
+
+@pytest.fixture(scope="module")
+def peaky() -> torch.nn.Module:
+    return tiny_model("llama", seed=2, vocab=VOCAB, sharpen=15.0)
+
+
+@torch.inference_mode()
+def exact_first_tokens(model: torch.nn.Module, prompt: list[int]) -> dict[tuple[int, int], float]:
+    """Exact joint distribution of a prompt's first two sampled tokens (by enumeration)."""
+    first = process_logits(model(input_ids=torch.tensor([prompt])).logits[0, -1], CONFIG).softmax(-1)
+    second = process_logits(
+        model(input_ids=torch.tensor([[*prompt, t] for t in range(VOCAB)])).logits[:, -1], CONFIG
+    ).softmax(-1)
+    joint = first[:, None] * second
+    return {(a, b): float(joint[a, b]) for a in range(VOCAB) for b in range(VOCAB) if joint[a, b] > 0}
+
+
+class ResampleAfterMismatchLoop(BatchDecodeLoop):
+    """The reference code's lossy rule, per row: after a mismatch, a FRESH sample is emitted."""
+
+    def accept(self, live: list[int], proposals: Any, logits: Any, host: Any) -> list[Verification]:
+        verifications = super().accept(live, proposals, logits, host)
+        for index, (row, verification) in enumerate(zip(live, verifications, strict=True)):
+            last = verification.path[-1]
+            verification.bonus = resample_node(logits[index, last], self.sampling, self.generators[row])
+        return verifications
+
+
+def _first_tokens(model: torch.nn.Module) -> tuple[list[Counter[tuple[int, ...]]], list[float]]:
+    """Per row: counts of its first tokens over RUNS seeded batches, and how often its first
+    step accepted a drafted token."""
+    counts: list[Counter[tuple[int, ...]]] = [Counter() for _ in ROW_PROMPTS]
+    accepted = [0.0 for _ in ROW_PROMPTS]
+    for run in range(RUNS):
+        seed = run * len(ROW_PROMPTS)  # rows use seed + row: no two runs share a seed
+        results = racer_rs.generate_batch(
+            model, ROW_PROMPTS, method="racer", max_new_tokens=FIRST + 1, temperature=1.0, top_p=0.9, seed=seed
+        )
+        for row, result in enumerate(results):
+            counts[row][tuple(result.tokens[:FIRST])] += 1
+            accepted[row] += (result.accepted_lengths[0] > 1) / RUNS
+    return counts, accepted
+
+
+def test_every_row_s_first_tokens_follow_the_exact_distribution(peaky: torch.nn.Module) -> None:
+    counts, accepted = _first_tokens(peaky)
+    for row, prompt in enumerate(ROW_PROMPTS):
+        assert accepted[row] > 0.1, row  # drafts accepted: the walk's rule really decided
+        assert chi_square_pvalue(counts[row], exact_first_tokens(peaky, prompt), RUNS) > ALPHA, row
+
+
+def test_a_lossy_rule_fails_the_same_test_per_row(peaky: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batch_engine, "BatchDecodeLoop", ResampleAfterMismatchLoop)
+    counts, _ = _first_tokens(peaky)
+    for row, prompt in enumerate(ROW_PROMPTS):
+        assert chi_square_pvalue(counts[row], exact_first_tokens(peaky, prompt), RUNS) < ALPHA, row
+
+
+def test_a_lossy_rule_breaks_equality_with_plain_sampling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seeded-equality test above can fail."""
+    model = tiny_model("llama", seed=1, sharpen=15.0)
+    monkeypatch.setattr(batch_engine, "BatchDecodeLoop", ResampleAfterMismatchLoop)
+    results = racer_rs.generate_batch(model, PROMPTS, max_new_tokens=40, temperature=1.0, top_p=0.9, seed=5)
+    expected = [plain_sampling(model, p, 40, CONFIG, 5 + row) for row, p in enumerate(PROMPTS)]
+    assert any(r.tokens != e for r, e in zip(results, expected, strict=True))
+
+
+# --- the batched verifier ---------------------------------------------------------------------
+
+
+def _chain_path(tree: Any, node: int) -> np.ndarray:
+    """The accepted path ending at ``node``: its ancestors, root first."""
+    path = [node]
+    while tree.parents[path[-1]] >= 0:
+        path.append(int(tree.parents[path[-1]]))
+    return np.asarray(path[::-1], dtype=np.int64)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_ragged_cache_holds_every_row_s_own_cache(family: str) -> None:
+    """Step by step, with rows accepting different paths and one row leaving, every row's valid
+    columns hold what a one-request verifier holds, and its logits are that verifier's."""
+    model = _model(family)
+    vocab = model.config.vocab_size
+    prompts = [np.asarray(random_prompt(seed, length), dtype=np.int32) for seed, length in [(3, 5), (4, 21), (5, 12)]]
+    batch = BatchVerifier(model)
+    batch.prefill(prompts)
+    alone = []
+    for prompt in prompts:
+        verifier = TreeVerifier(model)
+        verifier.prefill(prompt)
+        alone.append(verifier)
+    rng = np.random.default_rng(0)
+    rows = [0, 1, 2]
+    for step in range(6):
+        trees = [synthetic_tree(int(rng.integers(1, 12)), vocab, branching=int(rng.integers(1, 4))) for _ in rows]
+        logits = batch.forward_trees(trees)
+        paths: list[np.ndarray | None] = []
+        for index, (row, tree) in enumerate(zip(rows, trees, strict=True)):
+            single = alone[row].forward_tree(tree.tokens, tree.depths, tree.attention_mask() if len(tree) > 1 else None)
+            torch.testing.assert_close(logits[index, : len(tree)], single, rtol=0, atol=1e-5)
+            path = _chain_path(tree, int(rng.integers(len(tree))))
+            alone[row].commit(path)
+            paths.append(None if (step == 2 and row == 1) else path)  # row 1 leaves after step 2
+        batch.commit(paths)
+        rows = [row for row, path in zip(rows, paths, strict=True) if path is not None]
+        assert batch.lengths.tolist() == [alone[row].length for row in rows]
+        assert batch.cache is not None and batch.cache.get_seq_length() == max(alone[row].length for row in rows)
+        for index, row in enumerate(rows):
+            length = alone[row].length
+            for mine, theirs in zip(batch.cache.layers, alone[row].cache.layers, strict=True):
+                assert mine.keys is not None and theirs.keys is not None
+                assert mine.values is not None and theirs.values is not None
+                torch.testing.assert_close(mine.keys[index, :, :length], theirs.keys[0], rtol=0, atol=1e-5)
+                torch.testing.assert_close(mine.values[index, :, :length], theirs.values[0], rtol=0, atol=1e-5)
+
+
+def test_the_mask_blocks_holes_and_isolates_padding_nodes() -> None:
+    model = _model("llama")
+    batch = BatchVerifier(model)
+    batch.prefill([np.asarray([1, 2, 3], dtype=np.int32), np.asarray([4, 5, 6, 7, 8], dtype=np.int32)])
+    short, long = racer_rs.DraftTree([9, 10], [-1, 0]), racer_rs.DraftTree([11, 12, 13], [-1, 0, 0])
+    inputs = batch.tree_inputs([short, long])
+    assert inputs["input_ids"].tolist() == [[9, 10, 9], [11, 12, 13]]
+    assert inputs["position_ids"].tolist() == [[3, 4, 3], [5, 6, 6]]
+    allowed = (inputs["attention_mask"][:, 0] == 0).tolist()
+    assert allowed[0] == [
+        [True, True, True, False, False, True, False, False],  # the root: its prefix, not the holes
+        [True, True, True, False, False, True, True, False],  # its child: the root too
+        [True, True, True, False, False, False, False, True],  # a padding node: itself only
+    ]
+    assert allowed[1] == [
+        [True] * 5 + [True, False, False],
+        [True] * 5 + [True, True, False],
+        [True] * 5 + [True, False, True],  # siblings do not see each other
+    ]
+
+
+# --- bad input: one clear error naming the row, before any work --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prompts", "options", "error", "message"),
+    [
+        ([], {}, InvalidArgumentError, r"prompts is empty"),
+        ([[1, 2], [3], []], {}, InvalidArgumentError, r"prompts\[2\]: prompt is empty"),
+        ([[1, 2], [3, 96]], {}, InvalidArgumentError, r"prompts\[1\]: prompt must be token ids in \[0, 96\), got 96"),
+        ([[-1, 2], [3]], {}, InvalidArgumentError, r"prompts\[0\]: .* got -1"),
+        ([[1], [2], [3], [4] * 250], {"max_new_tokens": 10}, InvalidArgumentError, r"prompts\[3\]: 250 tokens plus"),
+        ([[1], [2] * 10], {"max_new_tokens": [10, 250]}, InvalidArgumentError, r"prompts\[1\]: 10 tokens plus"),
+        ([[1], [[2, 3], [4, 5]]], {}, InvalidArgumentError, r"prompts\[1\]: prompt must be one prompt"),
+        ([[1], [2**40]], {}, InvalidArgumentError, r"prompts\[1\]: .*got 1099511627776"),
+        (np.zeros(4, dtype=np.int64), {}, InvalidArgumentError, r"prompts must be a \[B, L\] array"),
+        ([[1, 2], ["a"]], {}, InvalidTypeError, r"prompts\[1\]: prompt must be a list of ints"),
+        ([[1], [True, 2]], {}, InvalidTypeError, r"prompts\[1\]: prompt must be a list of ints"),
+        ([[1], torch.tensor([1.5])], {}, InvalidTypeError, r"prompts\[1\]: prompt must hold integers"),
+        ([[1], "abc"], {}, InvalidTypeError, r"prompts\[1\]: prompt must be a list of ints or an integer"),
+        ([1, 2, 3], {}, InvalidTypeError, r"flat list of ints: pass \[prompt\]"),
+        ("abc", {}, InvalidTypeError, r"prompts must be a list of prompts"),
+        (None, {}, InvalidTypeError, r"prompts must be a list of prompts"),
+        ([[1], [2]], {"max_new_tokens": 0}, InvalidArgumentError, r"max_new_tokens must be >= 1"),
+        ([[1], [2]], {"max_new_tokens": [3]}, InvalidArgumentError, r"one budget per prompt \(2\), got 1"),
+        ([[1], [2]], {"max_new_tokens": [3, 0]}, InvalidArgumentError, r"max_new_tokens\[1\] must be >= 1"),
+        ([[1], [2]], {"max_new_tokens": 2.5}, InvalidTypeError, r"max_new_tokens must be an int"),
+        ([[1], [2]], {"capacity": 0}, InvalidArgumentError, r"capacity must be an int >= 1 or 'auto'"),
+        ([[1], [2]], {"temperature": -1.0}, InvalidArgumentError, r"temperature"),
+        ([[1], [2]], {"seed": -1}, InvalidArgumentError, r"seed must be >= 0"),
+        ([[1], [2]], {"seed": 2**64 - 1}, InvalidArgumentError, r"seed \+ the last row must be <="),
+        ([[1], [2]], {"eos_token_id": 500}, InvalidArgumentError, r"eos_token_id"),
+        ([[1], [2]], {"method": "nope"}, InvalidArgumentError, r"unknown method 'nope'"),
+        ([[1], [2]], {"method": 3}, InvalidTypeError, r"method must be a string"),
+        ([[1], [2]], {"method": "racer", "ngram": 0}, InvalidArgumentError, r"ngram must be >= 1"),
+        ([[1], [2]], {"method": "pld", "colour": 1}, InvalidArgumentError, r"unknown option"),
+        ([[1], [2]], {"capacity": "auto", "max_capacity": 256}, InvalidArgumentError, r"max_capacity \(256\)"),
+        ([[1], [2]], {"method": "racer", "persistent": True}, UnsupportedError, r"persistent=True is not supported"),
+    ],
+)
+def test_bad_input_is_one_clear_error_before_any_work(prompts: Any, options: dict, error: type, message: str) -> None:
+    model = _model("llama")
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda *args: forwards.append(1))
+    try:
+        with pytest.raises(error, match=message):
+            racer_rs.generate_batch(model, prompts, **options)
+    finally:
+        hook.remove()
+    assert not forwards
+
+
+@pytest.mark.parametrize("method", ["draft_model", "tts", "racer_tts"])
+def test_draft_model_methods_are_unsupported_by_name(method: str) -> None:
+    with pytest.raises(UnsupportedError, match=rf"method '{method}' drafts with a draft model"):
+        racer_rs.generate_batch(_model("llama"), [[1, 2], [3]], method=method)
+
+
+def test_generate_points_a_batch_to_generate_batch() -> None:
+    with pytest.raises(UnsupportedError, match="use generate_batch"):
+        racer_rs.generate(_model("llama"), [[1, 2], [3, 4]])
+
+
+# --- capacity="auto": one budget for the batch --------------------------------------------------
+
+
+def brute_force_batch_rate(probabilities: list[list[float]], seconds: list[float]) -> float:
+    """The oracle: the best rate over EVERY combination of per-row prefix sizes, a step costing
+    the padded (largest) size."""
+    limit = len(seconds)
+    choices = [range(1, min(limit, len(p) + 1) + 1) for p in probabilities]
+    best = 0.0
+    for sizes in itertools.product(*choices):
+        tokens = sum(1 + sum(p[: n - 1]) for p, n in zip(probabilities, sizes, strict=True))
+        best = max(best, tokens / seconds[max(sizes) - 1])
+    return best
+
+
+def _rate(probabilities: list[list[float]], seconds: list[float], m: int) -> float:
+    tokens = sum(1 + sum(p[: min(m, len(p) + 1) - 1]) for p in probabilities)
+    return tokens / seconds[m - 1]
+
+
+row_probabilities = st.lists(st.floats(0.0, 1.0), max_size=6).map(lambda p: sorted(p, reverse=True))
+increments = st.lists(st.floats(0.0, 2.0), min_size=1, max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(row_probabilities, min_size=1, max_size=3), st.floats(0.01, 5.0), increments)
+def test_the_batch_rule_matches_the_brute_force_oracle(probabilities, base, steps):
+    seconds = list(base + np.cumsum([0.0, *steps])[: len(steps)])
+    m = best_batch_size([np.asarray(p) for p in probabilities], np.asarray(seconds))
+    assert _rate(probabilities, seconds, m) >= brute_force_batch_rate(probabilities, seconds) * (1 - 1e-9)
+    smaller = [_rate(probabilities, seconds, k) for k in range(1, m)]
+    assert all(rate < _rate(probabilities, seconds, m) * (1 - 1e-9) for rate in smaller)  # ties: the smaller
+
+
+@settings(max_examples=300, deadline=None)
+@given(row_probabilities, st.floats(0.01, 5.0), increments)
+def test_at_one_row_the_batch_rule_is_today_s_rule(probabilities, base, steps):
+    seconds = base + np.cumsum([0.0, *steps])[: len(steps)]
+    assert best_batch_size([np.asarray(probabilities)], seconds) == best_prefix_size(np.asarray(probabilities), seconds)
+
+
+def test_rows_sized_alone_fail_the_oracle():
+    """The oracle can fail: sizing each row as if it were alone ignores that the padded forward
+    costs the largest row's size for every row, so the smaller rows' nodes up to it come free."""
+    probabilities = [[0.9, 0.9, 0.9], [0.3, 0.3, 0.3]]
+    seconds = [1.0, 1.5, 2.0, 2.5]
+    alone = [best_prefix_size(np.asarray(p), np.asarray(seconds)) for p in probabilities]
+    assert alone == [4, 1]
+    tokens_alone = sum(1 + sum(p[: n - 1]) for p, n in zip(probabilities, alone, strict=True))
+    assert tokens_alone / seconds[max(alone) - 1] < brute_force_batch_rate(probabilities, seconds) * (1 - 1e-9)
+    m = best_batch_size([np.asarray(p) for p in probabilities], np.asarray(seconds))
+    assert m == 4 and _rate(probabilities, seconds, m) == pytest.approx(brute_force_batch_rate(probabilities, seconds))
+
+
+def test_bucket_sizes_cover_a_shrinking_batch():
+    assert bucket_sizes(1) == []
+    assert bucket_sizes(2) == [2]
+    assert bucket_sizes(3) == [2, 4]
+    assert bucket_sizes(8) == [2, 4, 8]
+    assert bucket_sizes(9) == [2, 4, 8, 16]
+
+
+def _flat(seconds: float = 1.0) -> CostModel:
+    return CostModel([1, 64], {1: [seconds, seconds], 2: [seconds, seconds]})
+
+
+def _steep(per_node: float, overhead: float = 0.0) -> CostModel:
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    curve = [1.0 + per_node * (n - 1) for n in sizes]
+    return CostModel(sizes, {128: curve, 1024: curve}, overhead=overhead)
+
+
+class FixedCosts:
+    """Batch costs that never change: ``per_batch(B)`` for every batch size."""
+
+    def __init__(self, per_batch: Any) -> None:
+        self.per_batch = per_batch
+        self.models: dict[int, CostModel] = {}
+
+    def for_batch(self, batch: int) -> CostModel:
+        return self.models.setdefault(batch, self.per_batch(batch))
+
+    def save(self) -> None:
+        pass
+
+
+@pytest.fixture
+def forced_cost(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
+    """Fixed, frozen cost curves (batch size 1 through today's ``sizer.cost_model``) and a private
+    cache; ``force(per_batch)`` sets them."""
+    monkeypatch.setenv("RACER_RS_CACHE", str(tmp_path))
+    monkeypatch.setattr(tree_size, "_calibrations", {})
+    monkeypatch.setattr(CostModel, "observe", lambda self, *args, **kwargs: None)
+
+    def force(per_batch: Any) -> None:
+        monkeypatch.setattr(tree_size, "cost_model", lambda model, max_capacity: per_batch(1))
+        monkeypatch.setattr(batch_sizing, "batch_costs", lambda model, max_capacity, batch: FixedCosts(per_batch))
+
+    return force
+
+
+COSTS = {
+    "flat": lambda batch: _flat(),
+    "steep": lambda batch: _steep(per_node=1.0),
+    "mild": lambda batch: _steep(per_node=0.05 * batch, overhead=0.2),
+}
+
+
+@pytest.mark.parametrize("cost", list(COSTS))
+@pytest.mark.parametrize("method", ["racer", "racer_scored", "token_recycling", "pld"])
+def test_auto_at_batch_one_makes_today_s_choices(
+    forced_cost: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, method: str, cost: str
+) -> None:
+    forced_cost(COSTS[cost])
+    sizes: list[int] = []
+    prefix = Ranking.prefix
+    monkeypatch.setattr(Ranking, "prefix", lambda self, n: sizes.append(n) or prefix(self, n))
+    model = _model("llama")
+    alone = racer_rs.generate(model, REPEATING_PROMPT, method=method, max_new_tokens=40, capacity="auto")
+    generate_sizes = list(sizes)
+    sizes.clear()
+    monkeypatch.setattr(tree_size, "_calibrations", {})  # the same warm start: none
+    monkeypatch.setenv("RACER_RS_CACHE", str(tmp_path / "again"))
+    [row] = racer_rs.generate_batch(model, [REPEATING_PROMPT], method=method, max_new_tokens=40, capacity="auto")
+    assert sizes == generate_sizes
+    assert (row.tokens, row.accepted_lengths) == (alone.tokens, alone.accepted_lengths)
+    mine, today = row.extras["auto_capacity"], alone.extras["auto_capacity"]
+    for key in ("chosen_sizes", "steps", "predicted_tokens_per_step", "observed_tokens_per_step", "cost_curve_ms"):
+        assert mine[key] == today[key], key
+
+
+@pytest.mark.parametrize("cost", list(COSTS))
+@pytest.mark.parametrize("method", ["racer", "racer_scored", "token_recycling"])
+def test_auto_batches_are_lossless_and_spend_one_budget(forced_cost: Any, method: str, cost: str) -> None:
+    forced_cost(COSTS[cost])
+    model = _model("qwen2")
+    results = racer_rs.generate_batch(model, PROMPTS, method=method, max_new_tokens=BUDGETS, capacity="auto")
+    for prompt, budget, result in zip(PROMPTS, BUDGETS, results, strict=True):
+        assert result.tokens == _expected("qwen2", prompt, budget)
+        report = result.extras["auto_capacity"]
+        assert sum(report["chosen_sizes"].values()) == report["steps"] == sum(report["batch_sizes"].values())
+        assert max(report["chosen_sizes"]) <= max(report["padded_sizes"])  # no row beyond the padded size
+    if cost == "steep":
+        assert all(set(r.extras["auto_capacity"]["padded_sizes"]) == {1} for r in results)
+    if cost == "flat":
+        assert max(max(r.extras["auto_capacity"]["chosen_sizes"]) for r in results) > 8
+
+
+def test_auto_cut_fills_every_row_up_to_the_chosen_padded_size(forced_cost: Any) -> None:
+    forced_cost(lambda batch: _steep(per_node=0.02))
+    model = _model("llama")
+    policy = AutoBatchCapacity(model, "racer", greedy=True, max_capacity=16, rows=3)
+    trees = [synthetic_tree(n, 96, branching=b) for n, b in [(16, 1), (3, 2), (9, 3)]]
+    proposals = [Proposal(tree) for tree in trees]
+    cut, choices = policy.cut(proposals, [0, 1, 2], context=40)
+    rankings = [policy.sizers[row].rank(tree) for row, tree in enumerate(trees)]
+    steps = np.maximum.accumulate(_steep(per_node=0.02).step_seconds(np.arange(1, 17), 40))
+    m = best_batch_size([r.corrected for r in rankings], steps)
+    assert [len(p.tree) for p in cut] == [min(m, len(tree)) for tree in trees]
+    for ranking, choice in zip(rankings, choices, strict=True):
+        assert choice.keep.tolist() == sorted(ranking.order[: len(choice.keep)].tolist())  # best first
+
+
+def test_batch_costs_are_measured_per_batch_size_and_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setenv("RACER_RS_CACHE", str(tmp_path))
+    monkeypatch.setattr(tree_size, "_costs", {})
+    monkeypatch.setattr(batch_sizing, "_batch_costs", {})
+    measured: list[int] = []
+    real = batch_sizing.measure_batch_cost_model
+    monkeypatch.setattr(
+        batch_sizing,
+        "measure_batch_cost_model",
+        lambda model, batch, size: measured.append(batch) or real(model, batch, size, rounds=1),
+    )
+    single = tree_size.measure_cost_model
+    monkeypatch.setattr(tree_size, "measure_cost_model", lambda model, size: single(model, size, rounds=1))
+    model = _model("llama")
+    costs = BatchCosts(model, max_capacity=4, batch=3)
+    assert measured == [2, 4]
+    assert costs.for_batch(1) is tree_size.cost_model(model, 4)  # batch size 1: today's curve
+    middle = costs.for_batch(3)  # between the measured 2 and 4
+    low, high = costs.for_batch(2), costs.for_batch(4)
+    np.testing.assert_allclose(middle.curve_short, (low.curve_short + high.curve_short) / 2)
+    assert np.all(np.diff(high.curve_long) >= 0) and middle.max_size == 4
+    costs.save()
+    names = sorted(p.name for p in (tmp_path / "tree_size" / "cost").glob("*.json"))
+    assert [re.sub(r".*-(b\d+)\.json$", r"\1", name) for name in names if re.search(r"-b\d+\.json$", name)] == [
+        "b2",
+        "b3",
+        "b4",
+    ]
+    monkeypatch.setattr(batch_sizing, "_batch_costs", {})  # a new process: read from disk
+    again = BatchCosts(model, max_capacity=4, batch=4)
+    assert measured == [2, 4]
+    assert again.for_batch(4).state() == high.state()
+    stored = json.loads(next((tmp_path / "tree_size" / "cost").glob("*-b2.json")).read_text())
+    assert stored["batch_size"] == 2
+
+
+def test_interpolated_costs_handle_curves_of_other_sizes() -> None:
+    small = _steep(per_node=0.1)
+    big = CostModel([1, 2, 4, 8], {128: [2.0, 2.0, 3.0, 4.0], 1024: [3.0, 3.0, 4.0, 5.0]})
+    mixed = interpolated(small, big, 0.5)
+    assert mixed.max_size == 8
+    np.testing.assert_allclose(mixed.curve_short, (small.curve_short[:4] + big.curve_short) / 2)
+
+
+def test_auto_reports_every_row_s_choices(forced_cost: Any) -> None:
+    forced_cost(COSTS["mild"])
+    model = _model("llama")
+    results = racer_rs.generate_batch(
+        model, PROMPTS, method="racer", max_new_tokens=BUDGETS, capacity="auto", max_capacity=16
+    )
+    for result in results:
+        report = result.extras["auto_capacity"]
+        assert report["max_capacity"] == 16 and max(report["chosen_sizes"]) <= 16
+        assert report["observed_tokens_per_step"] == pytest.approx(np.mean(result.accepted_lengths[: report["steps"]]))
+        assert set(report["batch_sizes"]) <= {1, 2, 3} and 3 in report["batch_sizes"]
+        assert set(report["cost_curve_ms"]) == {1, 2, 4, 8, 16, 32, 64}
+        assert 0.0 <= report["setup_s"] <= result.timings["total"]
+
+
+# --- grouped-query attention without repeat_kv ---------------------------------------------------
+
+
+def test_packed_gqa_attention_equals_transformers_sdpa() -> None:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from racer_rs.engine.attention import packed_gqa_attention
+
+    class Module(torch.nn.Module):
+        num_key_value_groups = 3
+
+    generator = torch.Generator().manual_seed(0)
+    batch, kv_heads, n, length, dim = 2, 2, 5, 11, 8
+    query = torch.randn(batch, 3 * kv_heads, n, dim, generator=generator)
+    key = torch.randn(batch, kv_heads, length, dim, generator=generator)
+    value = torch.randn(batch, kv_heads, length, dim, generator=generator)
+    mask = torch.where(torch.rand(batch, 1, n, length, generator=generator) < 0.3, -1e30, 0.0)
+    mask[..., 0] = 0.0  # every query attends to something
+    expected, _ = sdpa_attention_forward(Module(), query, key, value, mask, scaling=0.35)
+    actual, _ = packed_gqa_attention(Module(), query, key, value, mask, scaling=0.35)
+    assert actual.shape == expected.shape == (batch, n, 3 * kv_heads, dim)
+    torch.testing.assert_close(actual, expected)
+
+
+def test_gqa_attention_switches_the_model_only_inside_the_block() -> None:
+    from racer_rs.engine.attention import NAME, gqa_attention
+
+    model = _model("qwen2")
+    assert model.config._attn_implementation == "sdpa"
+    with gqa_attention(model):
+        assert model.config._attn_implementation == NAME
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(RuntimeError), gqa_attention(model):
+        raise RuntimeError
+    assert model.config._attn_implementation == "sdpa"
