@@ -172,11 +172,13 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def _methods(args: argparse.Namespace, workload: Workload) -> list[str]:
+def _methods(args: argparse.Namespace, workload: Workload = WORKLOADS[DEFAULT_WORKLOAD]) -> list[str]:
+    index = getattr(args, "index", None)
+    no_learn = getattr(args, "no_learn", False)
     if args.methods is None:
         if workload.name == DEFAULT_WORKLOAD:
             defaults = [*DEFAULT_METHODS, "hf_assisted"] if args.draft_model else list(DEFAULT_METHODS)
-            if args.index is not None:
+            if index is not None:
                 defaults.insert(defaults.index("racer") + 1, "racer" + INDEX_VARIANT)
         else:
             defaults = list(CROSS_REQUEST_METHODS)
@@ -185,6 +187,8 @@ def _methods(args: argparse.Namespace, workload: Workload) -> list[str]:
     if not methods:
         raise CLIError("--methods: no method given")
     for label in methods:
+        if INDEX_VARIANT in label and not uses_index(label):
+            raise CLIError(f"--methods {label}: write METHOD{INDEX_VARIANT}@CAPACITY (the capacity last)")
         method, capacity = split_label(label)
         if capacity is not None:
             if method in PEERS:
@@ -195,12 +199,10 @@ def _methods(args: argparse.Namespace, workload: Workload) -> list[str]:
                 raise CLIError(f"--methods {label}: {exc}") from None
     common.check_methods(list(dict.fromkeys(split_label(m)[0] for m in methods)), extra=PEERS)
     for label in methods:
-        if INDEX_VARIANT in label and not uses_index(label):
-            raise CLIError(f"--methods {label}: write METHOD{INDEX_VARIANT}@CAPACITY (the capacity last)")
         if uses_index(label):
             _check_index_method(label)
-    if (args.index is not None or args.no_learn) and not any(uses_index(m) for m in methods):
-        flag = "--index" if args.index is not None else "--no-learn"
+    if (index is not None or no_learn) and not any(uses_index(m) for m in methods):
+        flag = "--index" if index is not None else "--no-learn"
         raise CLIError(f"{flag}: no METHOD{INDEX_VARIANT} among --methods to use it (e.g. --methods racer,racer+index)")
     repeated = sorted({m for m in methods if methods.count(m) > 1})
     if repeated:
