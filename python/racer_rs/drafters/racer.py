@@ -42,7 +42,7 @@ from racer_rs.errors import InvalidArgumentError
 @dataclass(frozen=True)
 class RacerOptions:
     """RACER's drafting options: one list for every racer method, ``racer_tts`` and
-    :class:`racer_rs.DraftPool` (which takes the same names).
+    :class:`racer_rs.DraftPool` (which takes the same names, the shared-index ones aside).
 
     Attributes:
         ngram: longest n-gram the automaton indexes.
