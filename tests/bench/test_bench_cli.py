@@ -137,6 +137,8 @@ def test_bench_writes_table_json_and_plots(tiny_model, data_file, tmp_path, caps
     assert {"racer_rs", "torch", "transformers"} <= set(config["versions"])
     assert config["versions"]["torch"] == torch.__version__
     assert config["command"][:2] == ["racer", "bench"]
+    assert config["workload"] == "spec_bench" and config["index"] is None and config["samples"] is None
+    assert len(config["load_average"]) == 3
 
     records = report["records"]
     turns = sum(len(row["turns"]) for row in ROWS)
@@ -189,7 +191,7 @@ def test_bench_writes_table_json_and_plots(tiny_model, data_file, tmp_path, caps
             overall["pld"]["new_tokens"] / overall["pld"]["verified_nodes"]
         )
 
-    assert "== greedy ==" in stdout and "== T=0.8,top_p=0.95 ==" in stdout
+    assert "== spec_bench / greedy ==" in stdout and "== spec_bench / T=0.8,top_p=0.95 ==" in stdout
     for word in ("overall", "multi_turn", "MAT", "ms/tok", "speedup [95% CI]", "tok/node", "pld", "ok"):
         assert word in stdout
     assert "MISMATCH" not in stdout

@@ -31,6 +31,7 @@ from typing import Any
 from racer_rs._validate import capacity as capacity_rule
 from racer_rs.bench.prompting import encode_conversation, encode_text
 from racer_rs.bench.prompts import Question, load_benchmark
+from racer_rs.bench.workloads import WORKLOADS
 from racer_rs.errors import RacerError
 
 #: Methods of the batch benchmark when ``--methods`` is not given (``ar`` is always the baseline).
@@ -325,9 +326,14 @@ def run_batch_bench(args: argparse.Namespace) -> int:
         raise CLIError("--methods: a method is listed more than once")
     if not any(m == "ar" for m, _ in parsed):
         labels.insert(0, "ar")
+    if args.workload != "spec_bench" or args.index is not None or args.samples is not None:
+        raise CLIError(
+            "--batch-size runs the spec_bench workload without a shared index (no --workload, --index, --samples)"
+        )
     options = parse_options(args.option, labels)
     data = [str(p) for p in args.data] if args.data else [resolve_shipped(p, "--data") for p in DEFAULT_BENCH_DATA]
-    questions = interleaved(load_benchmark(data, args.limit))
+    limit = WORKLOADS["spec_bench"].limit if args.limit is None else (args.limit or None)  # --all: 0
+    questions = interleaved(load_benchmark(data, limit))
     sizes = sorted(dict.fromkeys(args.batch_size))
     if len(questions) < max(sizes):
         raise CLIError(
@@ -337,7 +343,8 @@ def run_batch_bench(args: argparse.Namespace) -> int:
     models = common.LoadedModels(args, [split(m)[0] for m in labels])
     prompts = [encode(models.tokenizer, q) for q in questions]
     settings: list[tuple[str, dict[str, Any]]] = []
-    for temperature in dict.fromkeys(args.temperature):
+    temperatures = WORKLOADS["spec_bench"].temperatures if args.temperature is None else args.temperature
+    for temperature in dict.fromkeys(temperatures):
         if temperature == 0.0:
             settings.append(("greedy", {}))
         else:

@@ -196,8 +196,9 @@ def _render_rows(rows: Sequence[Sequence[str]]) -> list[str]:
     return lines
 
 
-def format_table(summary: dict[str, Any], methods: Sequence[str]) -> str:
-    """Render the summary as a plain-text table, one block per setting."""
+def format_table(summary: dict[str, Any], methods: Sequence[str], workload: str | None = None) -> str:
+    """Render the summary as a plain-text table, one block per setting (titled with the
+    workload, when given: ``== best_of_n / T=0.8,top_p=0.95 ==``)."""
     blocks = []
     for setting, per_category in summary.items():
         rows: list[tuple[str, ...]] = [TABLE_HEADER]
@@ -220,7 +221,8 @@ def format_table(summary: dict[str, Any], methods: Sequence[str]) -> str:
                         _check_cell(setting, method, m),
                     )
                 )
-        blocks.append("\n".join([f"== {setting} ==", *_render_rows(rows)]))
+        title = f"{workload} / {setting}" if workload else setting
+        blocks.append("\n".join([f"== {title} ==", *_render_rows(rows)]))
     note = (
         "speedup: geometric mean over requests of each method's tokens/s over ar's on the same request "
         "(ar timed first and last); [95% bootstrap interval]; disturbed requests (ar's two runs differ by "

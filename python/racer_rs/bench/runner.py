@@ -23,8 +23,12 @@ from racer_rs.errors import InvalidArgumentError, error_context
 BASELINE = "ar"
 #: New-token cap of a warm-up run.
 WARMUP_TOKENS = 32
-#: ``state_by_method`` of a method whose state outlives each request without ``--persistent``.
+#: ``state_by_method`` of a method whose state outlives each request without ``--persistent``
+#: (a drafter may name its own state in ``learning_state``, as a racer method's shared index does).
 LEARNS_ACROSS_REQUESTS = "global tree: learns across requests"
+#: A label's variant: ``racer+index`` is ``racer`` drafting from a shared index too (its options
+#: say which; ``racer bench --index``).
+INDEX_VARIANT = "+index"
 
 
 @dataclass(frozen=True)
@@ -90,9 +94,15 @@ class BenchConfig:
 
 
 def split_label(label: str) -> tuple[str, str | None]:
-    """``"racer@16"`` -> ``("racer", "16")``; a label without ``@`` has no capacity of its own."""
+    """``"racer@16"`` -> ``("racer", "16")``; a label without ``@`` has no capacity of its own;
+    ``"racer+index@16"`` -> ``("racer", "16")`` too (see :func:`uses_index`)."""
     method, at, capacity = label.partition("@")
-    return method, (capacity if at else None)
+    return method.removesuffix(INDEX_VARIANT), (capacity if at else None)
+
+
+def uses_index(label: str) -> bool:
+    """Whether ``label`` is a method's shared-index variant (``racer+index``, ``racer+index@16``)."""
+    return label.partition("@")[0].endswith(INDEX_VARIANT)
 
 
 def parse_capacity(text: str) -> int | str:
@@ -222,7 +232,7 @@ class BenchmarkRunner:
             with error_context(f"method {label}"):
                 drafter = self._make_drafter(method, self.model, **options)
         if getattr(drafter, "learns_across_requests", False):
-            self.state_by_method[label] = LEARNS_ACROSS_REQUESTS
+            self.state_by_method[label] = getattr(drafter, "learning_state", LEARNS_ACROSS_REQUESTS)
         return drafter
 
     def run(

@@ -1,4 +1,4 @@
-"""The ``racer`` command line: ``racer generate``, ``racer bench`` and ``racer distill-draft``.
+"""The ``racer`` command line: ``racer generate``, ``racer bench``, ``racer index`` and ``racer distill-draft``.
 
 Entry point :func:`main` (also ``python -m racer_rs``). Bad input gives a one-line
 ``racer: error: ...`` on stderr and exit code 2; a greedy benchmark whose methods disagree with
@@ -19,7 +19,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> ArgumentParser:
     """Build the ``racer`` argument parser with its subcommands."""
-    from racer_rs.cli import bench, distill, generate
+    from racer_rs.cli import bench, distill, generate, index
 
     parser = ArgumentParser(
         prog="racer",
@@ -31,6 +31,7 @@ def build_parser() -> ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     generate.add_parser(subparsers)
     bench.add_parser(subparsers)
+    index.add_parser(subparsers)
     distill.add_parser(subparsers)
     return parser
 

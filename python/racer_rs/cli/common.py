@@ -199,6 +199,27 @@ def check_options(options: dict[str, Any], method: str) -> None:
             raise CLIError(f"--option {key!r} (method {method}): use the dedicated flag instead")
 
 
+def index_spec(spec: str | None) -> str:
+    """``--index``: ``memory`` (also when not given) or an existing index file, checked before
+    any model is loaded (the file's content is checked when it is loaded).
+
+    Raises:
+        CLIError: a missing file, or a folder.
+    """
+    from pathlib import Path
+
+    from racer_rs.drafters.index import MEMORY
+
+    if spec is None or spec == MEMORY:
+        return MEMORY
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise CLIError(f"--index: file not found: {spec}")
+    if path.is_dir():
+        raise CLIError(f"--index: {spec} is a folder, not an index file (made by racer index build)")
+    return spec
+
+
 def require_extra(extra: str, purpose: str) -> None:
     """Raise CLIError naming the extra to install when one of its packages is missing."""
     from racer_rs.optional_deps import MissingDependencyError, require

@@ -42,6 +42,12 @@ def add_parser(subparsers: Any) -> None:
         "--max-capacity", type=common.positive_int, default=64, help="largest tree --capacity auto verifies"
     )
     parser.add_argument("--seed", type=common.seed, help="random seed for sampling")
+    parser.add_argument(
+        "--index",
+        metavar="INDEX",
+        help="a racer method also drafts from this shared index: a file made by racer index build "
+        "(or memory: an empty in-memory one)",
+    )
     parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="highlight drafted tokens")
     parser.add_argument("--no-color", dest="color", action="store_const", const="never")
@@ -64,6 +70,16 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return text
 
 
+def check_index_arg(spec: str, method: str) -> str:
+    """``--index``: ``memory`` or an existing index file, for a method that takes one (checked
+    before any model is loaded)."""
+    from racer_rs import drafters
+
+    if "index" not in drafters.accepted_options(method):
+        raise CLIError(f"--index: method {method!r} takes no shared index (racer, racer_scored, racer_retrieval do)")
+    return common.index_spec(spec)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``racer generate``; return the exit code."""
     common.require_extra("hf", "racer generate")
@@ -80,6 +96,8 @@ def _run(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args)
     common.check_methods([args.method])
     options = parse_options(args.option, [args.method])[args.method]
+    if args.index is not None:
+        options = {"index": check_index_arg(args.index, args.method), **options}
     models = common.LoadedModels(args, [args.method])
     tokenizer = models.tokenizer
 

@@ -15,10 +15,18 @@ committed tokens. ``racer_retrieval`` and ``racer_logits`` are the one-source ab
 target's top-k probabilities too and grows the tree best first by estimated path probability
 (copy-logit probabilities, smoothed retrieval frequencies) instead of "retrieval first, then
 breadth halving".
+
+Cross-request memory (``index=``, :mod:`racer_rs.drafters.index`): the retrieval methods also
+draft from a shared index, an automaton every request reads (past responses, learned as each
+request ends with ``learn=True``, and/or a corpus saved by ``racer index build``). The halving
+tree takes the request's own retrieval first, then the shared index's continuations, then the
+logits tree; the scored tree weighs them in one best-first order, calibrated on their own edge
+cells. The request's own automaton stays per request.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +35,14 @@ import numpy as np
 from racer_rs import _validate as rules
 from racer_rs._native import Automaton, LogitsTable, build_draft_tree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
+from racer_rs.drafters.index import LEARNS_INTO_INDEX, READ_ONLY_INDEX, SCOPES, SharedIndex, check_index, open_index
 from racer_rs.errors import InvalidArgumentError
 
 
 @dataclass(frozen=True)
 class RacerOptions:
     """RACER's drafting options: one list for every racer method, ``racer_tts`` and
-    :class:`racer_rs.DraftPool` (which takes the same names).
+    :class:`racer_rs.DraftPool` (which takes the same names, the shared-index ones aside).
 
     Attributes:
         ngram: longest n-gram the automaton indexes.
@@ -48,6 +57,18 @@ class RacerOptions:
         min_score: scored trees only: leave out nodes whose estimated path probability is
             below this (0 keeps the tree at full capacity). On hardware where each extra node
             costs verification time (CPUs), a small threshold trades useless nodes for speed.
+        index: a shared index every request drafts from besides its own automaton
+            (:mod:`racer_rs.drafters.index`): ``"memory"`` (in memory, one per model and
+            method in the process), the path of an index saved by ``Automaton.save`` /
+            ``racer index build`` (loaded once per path), or an :class:`~racer_rs.Automaton`;
+            ``None`` (default) for none.
+        learn: write every finished request's response into the index (default: ``True``
+            when an index is given); ``False`` only reads it (a corpus).
+        index_max_nodes: node budget of an ``index="memory"`` index (LRU beyond it; default
+            :data:`racer_rs.drafters.index.INDEX_MAX_NODES`); a saved index keeps its own.
+        index_scope: ``"process"`` (default): the index is shared by every drafter given the
+            same one; ``"drafter"``: this drafter gets its own (empty, or a copy of the file
+            or automaton), kept across the requests it serves.
     """
 
     ngram: int = 10
@@ -57,6 +78,10 @@ class RacerOptions:
     exempt_depth: int = 1
     persistent: bool = False
     min_score: float = 0.0
+    index: Any = None
+    learn: bool | None = None
+    index_max_nodes: int | None = None
+    index_scope: str = "process"
 
     def __post_init__(self) -> None:
         for name in ("ngram", "max_nodes", "min_depth"):
@@ -65,6 +90,18 @@ class RacerOptions:
         rules.integer("exempt_depth", self.exempt_depth, minimum=0)
         rules.flag("persistent", self.persistent)
         object.__setattr__(self, "min_score", rules.probability("min_score", self.min_score))
+        object.__setattr__(self, "index", check_index(self.index))
+        if self.learn is None:
+            object.__setattr__(self, "learn", self.index is not None)
+        elif rules.flag("learn", self.learn) and self.index is None:
+            raise InvalidArgumentError(
+                "learn=True needs an index to learn into (index='memory', a path or an Automaton)"
+            )
+        if self.index_max_nodes is not None:
+            rules.integer("index_max_nodes", self.index_max_nodes, minimum=1)
+            if self.index is None:
+                raise InvalidArgumentError("index_max_nodes needs index='memory'")
+        rules.choice("index_scope", self.index_scope, SCOPES)
 
     @classmethod
     def for_method(cls, method: str, options: dict[str, Any]) -> RacerOptions:
@@ -82,11 +119,13 @@ class RacerOptions:
 MAX_BREADTH = 1024
 RETRIEVAL_OPTIONS = ("ngram", "max_nodes", "min_depth")
 LOGITS_OPTIONS = ("breadth", "exempt_depth")
+#: The shared index's options (methods that draft by retrieval).
+INDEX_OPTIONS = ("index", "learn", "index_max_nodes", "index_scope")
 #: The options each racer method takes (the others keep their defaults there).
 METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
-    "racer": (*RETRIEVAL_OPTIONS, *LOGITS_OPTIONS, "persistent"),
-    "racer_scored": (*RETRIEVAL_OPTIONS, "breadth", "persistent", "min_score"),
-    "racer_retrieval": (*RETRIEVAL_OPTIONS, "persistent"),
+    "racer": (*RETRIEVAL_OPTIONS, *LOGITS_OPTIONS, "persistent", *INDEX_OPTIONS),
+    "racer_scored": (*RETRIEVAL_OPTIONS, "breadth", "persistent", "min_score", *INDEX_OPTIONS),
+    "racer_retrieval": (*RETRIEVAL_OPTIONS, "persistent", *INDEX_OPTIONS),
     "racer_logits": (*LOGITS_OPTIONS, "persistent"),
 }
 
@@ -95,13 +134,20 @@ class RacerDrafter(Drafter):
     """RACER's drafter.
 
     Args:
-        model: unused.
+        model: the target (used only as the key of a process-wide ``index="memory"`` index).
         options: the drafting options (:class:`RacerOptions`); keyword options may be given
             instead, e.g. ``RacerDrafter(persistent=True)``.
         use_retrieval: draft from the automaton.
         use_logits: draft from the copy-logit table.
         tree: ``"halving"`` (the paper's merge) or ``"scored"`` (best first by estimated
             path probability).
+        name: the method name reported in results (also the key of a process-wide
+            ``index="memory"`` index).
+
+    Raises:
+        InvalidArgumentError: a bad option; an index with ``use_retrieval=False`` (it is read
+            by retrieval); an index file that is missing or unreadable.
+        CorruptFileError: a damaged index file.
     """
 
     name = "racer"
@@ -114,9 +160,9 @@ class RacerDrafter(Drafter):
         use_retrieval: bool = True,
         use_logits: bool = True,
         tree: str = "halving",
+        name: str = "racer",
         **keyword_options: Any,
     ) -> None:
-        del model
         if options is None:
             options = RacerOptions(**keyword_options)
         elif keyword_options:
@@ -136,6 +182,39 @@ class RacerDrafter(Drafter):
         self.needs_topk_probs = self.scored and use_logits
         self.automaton = Automaton(ngram=options.ngram, max_nodes=options.max_nodes, min_depth=options.min_depth)
         self.table: LogitsTable | None = None
+        self.name = name
+        self.index: SharedIndex | None = None
+        if options.index is not None:
+            if not use_retrieval:
+                raise InvalidArgumentError(f"method {name!r} drafts without retrieval: a shared index would go unread")
+            self.index = open_index(
+                options.index,
+                learn=bool(options.learn),
+                scope=options.index_scope,
+                model=model,
+                method=name,
+                ngram=options.ngram,
+                min_depth=options.min_depth,
+                max_nodes=options.index_max_nodes,
+            )
+        # Each thread's open request: its prompt and the response committed so far (what end()
+        # writes into the index); per thread, since a persistent drafter may serve many at once.
+        self._requests = threading.local()
+
+    @property
+    def shared_automaton(self) -> Automaton | None:
+        """The shared index's automaton (``build_draft_tree``'s ``shared``), or ``None``."""
+        return self.index.automaton if self.index is not None else None
+
+    @property
+    def learns_across_requests(self) -> bool:
+        """True when finished responses are written into a shared index that later requests read."""
+        return self.index is not None and self.index.learn
+
+    @property
+    def learning_state(self) -> str:
+        """How this drafter carries state across requests (``racer bench`` reports it)."""
+        return LEARNS_INTO_INDEX if self.learns_across_requests else READ_ONLY_INDEX
 
     def begin(self, request: RequestStart) -> None:
         """Reset (unless persistent), then index the prompt and seed the table."""
@@ -151,6 +230,9 @@ class RacerDrafter(Drafter):
         tokens = request.prompt_topk_tokens
         if self.use_logits and tokens is not None and request.prompt_topk is not None:
             self.table.update(tokens, request.prompt_topk, request.prompt_topk_probs)
+        if self.index is not None:
+            self._requests.prompt = np.asarray(request.prompt_ids, dtype=np.int32)
+            self._requests.response = []
 
     def propose(
         self, context: np.ndarray, next_token: int, capacity: int, edge_calibration: np.ndarray | None = None
@@ -169,8 +251,23 @@ class RacerDrafter(Drafter):
             scored=self.scored,
             min_score=self.min_score,
             calibration=edge_calibration if self.scored else None,
+            shared=self.shared_automaton,
         )
+        if self.index is not None:
+            self.check_tree(tree.tokens)
         return Proposal(tree)
+
+    def check_tree(self, tokens: np.ndarray) -> None:
+        """Refuse a draft with a token beyond the model's vocabulary: an index built with
+        another model's tokenizer (the only source of such tokens)."""
+        assert self.table is not None
+        vocab = self.table.vocab_size
+        if len(tokens) > 1 and int(tokens.max()) >= vocab:
+            assert self.index is not None
+            raise InvalidArgumentError(
+                f"index {self.index.source}: drafted token {int(tokens.max())} is outside the model's vocabulary "
+                f"(0..{vocab}): the index was built with another tokenizer"
+            )
 
     def observe(self, outcome: StepOutcome) -> None:
         """Copy-logit update (rejected nodes, then the accepted path) and automaton extension."""
@@ -183,23 +280,38 @@ class RacerDrafter(Drafter):
             self.table.update(tokens[order], outcome.topk_ids[order], probs)
         if self.use_retrieval:
             self.automaton.extend(outcome.committed)
+        response = getattr(self._requests, "response", None)
+        if response is not None:
+            response.append(np.array(outcome.committed, dtype=np.int32))
+
+    def end(self) -> None:
+        """Write the request's committed response into the shared index (``learn=True``).
+
+        The tokens are those the steps committed: a request whose last step committed only the
+        target's own token, without a draft (no ``observe``), ends one token short.
+        """
+        prompt = getattr(self._requests, "prompt", None)
+        response = getattr(self._requests, "response", None)
+        self._requests.prompt = self._requests.response = None
+        if self.index is not None and prompt is not None and response:
+            self.index.learn_response(prompt, response)
 
     def stats(self) -> dict[str, Any]:
-        """State mode and sizes."""
-        return {
+        """State mode and sizes; with a shared index, its source, size and whether it learns."""
+        stats: dict[str, Any] = {
             "persistent": self.persistent,
             "automaton_nodes": len(self.automaton),
             "table_rows": len(self.table) if self.table is not None else 0,
         }
+        stats.update(self.index.stats() if self.index is not None else {"index": None})
+        return stats
 
 
 def _method(name: str, **settings: Any) -> Any:
     """The registry factory of racer method ``name``: its options are :data:`METHOD_OPTIONS`'s."""
 
     def factory(model: Any = None, **options: Any) -> RacerDrafter:
-        drafter = RacerDrafter(model, RacerOptions.for_method(name, options), **settings)
-        drafter.name = name
-        return drafter
+        return RacerDrafter(model, RacerOptions.for_method(name, options), name=name, **settings)
 
     factory.__name__ = factory.__qualname__ = name
     factory.__doc__ = f"The registry's ``{name}`` (options: {', '.join(METHOD_OPTIONS[name])})."

@@ -10,6 +10,9 @@ After verification the chain's nodes are located in the tree; their target logit
 training canvas, and the chain's accepted prefix (the part of the accepted path that follows
 the chain) is its ``n_accepted``. The chain is drafted greedily (deterministically), so the
 engine's one-sample-per-node walk stays lossless when sampling.
+
+RACER's shared-index options (``index``, ``learn``, ...) apply as in ``racer``: the index's
+continuations come after the chain and the request's own retrieval.
 """
 
 from __future__ import annotations
@@ -83,12 +86,22 @@ class RacerTTSDrafter(Drafter):
             )
         racer = {key: value for key, value in options.items() if key in RACER_OPTIONS}
         tts = {key: value for key, value in options.items() if key in TTS_OPTIONS}
-        self.racer = RacerDrafter(model, RacerOptions(**racer))
+        self.racer = RacerDrafter(model, RacerOptions(**racer), name="racer_tts")
         self.tts = TTSDrafter(model, draft_model=draft_model, canvas=canvas, **tts)
         self.adapt = adapt
         self.needs_topk = self.racer.needs_topk
         self.needs_logits = adapt
         self._chain = np.empty(0, dtype=np.int32)
+
+    @property
+    def learns_across_requests(self) -> bool:
+        """True when RACER's shared index learns from finished responses (see ``index``)."""
+        return self.racer.learns_across_requests
+
+    @property
+    def learning_state(self) -> str:
+        """How RACER's shared index carries state across requests."""
+        return self.racer.learning_state
 
     def begin(self, request: RequestStart) -> None:
         """Start both sources.
@@ -111,7 +124,10 @@ class RacerTTSDrafter(Drafter):
             capacity,
             draft_chain=self._chain,
             exempt_depth=self.racer.exempt_depth,
+            shared=self.racer.shared_automaton,
         )
+        if self.racer.index is not None:
+            self.racer.check_tree(tree.tokens)
         return Proposal(tree)
 
     def observe(self, outcome: StepOutcome) -> None:

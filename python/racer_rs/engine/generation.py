@@ -102,7 +102,8 @@ def generate(
             ``BaseStreamer`` (``put(tensor)``).
         drafter: a prebuilt drafter to use instead of ``method`` (reuse it across calls with
             its persistent mode to keep its state between requests).
-        **method_options: options of the method's drafter (e.g. ``persistent=True``).
+        **method_options: options of the method's drafter (e.g. ``persistent=True``; for the racer
+            methods ``index="memory"`` or ``index="file.idx"``: a shared index, learning across calls).
 
     Returns:
         The generated tokens with per-step acceptance statistics and timings.

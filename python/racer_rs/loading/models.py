@@ -321,6 +321,46 @@ def load_model(spec: str | Path, *, dtype: Any = "float32", device: Any = "cpu")
     return model.to(device).eval(), tokenizer
 
 
+def load_tokenizer(spec: str | Path) -> Any:
+    """Load only a model's tokenizer, without its weights (``racer index build``).
+
+    A checkpoint folder or hub id gives its tokenizer files. A GGUF model whose conversion is
+    cached gives the cached folder's (the same files, read in well under a second); one not
+    converted yet gives the tokenizer stored in the GGUF file itself, read by transformers
+    without dequantizing any weight (a parted preset is assembled first, once, as its first
+    load would). Both are the tokenizer :func:`load_model` returns: the conversion saves the
+    GGUF file's own tokenizer.
+
+    Raises:
+        ModelSpecError, MissingDependencyError, CorruptFileError: as :func:`load_model`.
+        ModelLoadError: transformers cannot read the tokenizer.
+    """
+    source = resolve_model(str(spec))
+    optional_deps.require("hf", "loading a tokenizer")
+    from transformers import AutoTokenizer
+
+    try:
+        if source.kind != "gguf":
+            return AutoTokenizer.from_pretrained(source.location)
+        from racer_rs.loading import gguf_cache
+
+        if source.parts is not None:
+            entry = gguf_cache.valid_entry(source.parts.sha256)
+            gguf = None if entry is not None else assembled_gguf(source.name or source.spec, source.parts)
+        else:
+            entry = gguf_cache.cached_entry(source.location)
+            gguf = None if entry is not None else Path(source.location)
+        if entry is not None:
+            return AutoTokenizer.from_pretrained(entry)
+        assert gguf is not None
+        optional_deps.require("gguf", f"reading the tokenizer of {gguf.name}")
+        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except RacerError:
+        raise
+    except Exception as exc:  # a damaged file fails in many ways inside the readers
+        raise ModelLoadError(f"cannot load the tokenizer of {spec}: {_one_line(exc)}") from None
+
+
 def dtype_name(dtype: Any) -> str:
     """The name in :data:`DTYPES` of a dtype given as a name or as a ``torch.dtype``.
 
