@@ -247,10 +247,15 @@ def test_cost_corrects_itself_from_observed_steps():
     for _ in range(100):  # the machine became twice as slow for single tokens
         cost.observe(1, 128, forward=2.0, overhead=0.5)
     assert cost.forward_seconds(np.array([1]), 128)[0] == pytest.approx(2.0, rel=0.01)
-    assert cost.forward_seconds(np.array([64]), 128)[0] == pytest.approx(2.0, rel=0.01)  # unseen: mean factor
+    assert cost.forward_seconds(np.array([64]), 128)[0] == pytest.approx(2.0, rel=0.01)  # unseen: the load
     assert cost.overhead == pytest.approx(0.5, rel=0.01)
     restored = CostModel.from_state(json.loads(json.dumps(cost.state())))
-    assert restored.forward_seconds(np.array([16]), 700) == pytest.approx(cost.forward_seconds(np.array([16]), 700))
+    # The load is this moment's, not the model's: a restored model starts at load 1.
+    assert restored.load == 1.0
+    assert restored.shape == pytest.approx(cost.shape)
+    assert restored.forward_seconds(np.array([16]), 700) == pytest.approx(
+        cost.forward_seconds(np.array([16]), 700) / cost.load
+    )
     with pytest.raises(ValueError):  # noqa: PT011 - any malformed state is rejected; messages vary by field
         CostModel.from_state({"sizes": [1, 2], "seconds": {"1": [1.0]}})
 
@@ -265,10 +270,44 @@ def test_a_first_look_at_a_size_learns_the_machine_s_factor_not_one():
     assert cost.forward_seconds(np.array([16]), 128)[0] == pytest.approx(2 * measured_16, rel=0.01)
 
 
+def test_a_load_spike_moves_the_load_and_passes_leaving_the_shapes_alone():
+    cost = steep_cost(per_node=1.0)
+    measured = {n: float(cost.measured_seconds(np.array([n]), 128)[0]) for n in (1, 16)}
+    for _ in range(5):  # a burst of contention: 16-node steps take 10x what was measured
+        cost.observe(16, 128, forward=10 * measured[16], overhead=0.0)
+    assert cost.load > 4
+    assert 0.8 < cost.shape[4] < 1.25  # the spike went to the load, not to the 16-node bucket
+    for _ in range(30):  # the burst is over: single tokens run as measured again
+        cost.observe(1, 128, forward=measured[1], overhead=0.0)
+    assert cost.load == pytest.approx(1.0, rel=0.05)
+    assert cost.forward_seconds(np.array([16]), 128)[0] == pytest.approx(measured[16], rel=0.25)
+    restored = CostModel.from_state(json.loads(json.dumps(cost.state())))  # a saved spike is none
+    assert restored.forward_seconds(np.array([16]), 128)[0] < 1.25 * measured[16]
+
+
+def test_the_shape_learns_what_the_measured_curve_got_wrong_for_one_size():
+    cost = steep_cost(per_node=1.0)
+    measured = {n: float(cost.measured_seconds(np.array([n]), 128)[0]) for n in (1, 16)}
+    for _ in range(200):  # single tokens as measured; 16-node trees in truth cost half the curve
+        cost.observe(1, 128, forward=measured[1], overhead=0.0)
+        cost.observe(16, 128, forward=0.5 * measured[16], overhead=0.0)
+    assert cost.forward_seconds(np.array([1]), 128)[0] == pytest.approx(measured[1], rel=0.2)
+    assert cost.forward_seconds(np.array([16]), 128)[0] == pytest.approx(0.5 * measured[16], rel=0.2)
+    restored = CostModel.from_state(json.loads(json.dumps(cost.state())))  # the ratio is kept, the load not
+    assert restored.shape[4] / restored.shape[0] == pytest.approx(0.5, rel=0.2)
+
+
+def test_a_cost_state_from_before_the_load_split_is_read_without_its_factors():
+    state = {"sizes": [1, 2], "seconds": {"128": [1.0, 2.0], "1024": [2.0, 3.0]}, "factors": {"0": 10.0}}
+    cost = CostModel.from_state(state)
+    assert cost.forward_seconds(np.array([1]), 128)[0] == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize(
     "bad",
     [
         {"overhead": float("nan")},
+        {"shape": {"0": -1.0}},
         {"overhead": -1.0},
         {"seconds": {"128": [1.0, float("inf")], "1024": [2.0, 3.0]}},
     ],
@@ -293,7 +332,7 @@ def test_a_calibration_state_with_bad_totals_loads_nothing():
 
 def test_a_noisy_correction_never_makes_a_bigger_tree_cheaper_than_a_smaller_one():
     cost = steep_cost(per_node=1.0)
-    cost.factors = {0: 1.0, 6: 0.001}  # one disturbed 64-node step learned an absurdly low factor
+    cost.shape = {0: 1.0, 6: 0.001}  # an absurdly low factor for 64 nodes (set directly, past the clip)
     sizer = TreeSizer(cost, EdgeCalibration(), max_capacity=64)
     chain = DraftTree.chain(np.arange(64, dtype=np.int32))
     # Without the envelope t(64) would be 0.064 s against t(1) = 1 s and the whole chain would win.

@@ -22,7 +22,8 @@ small forward is bound by reading weights and KV rather than by its token count.
 path, with its corrections); sizes 2, 4, 8, ... are measured with the real batched path
 (:class:`racer_rs.engine.batch_verifier.BatchVerifier`: padded trees, 4D masks, per-row
 positions) at the same two context lengths, sizes in between interpolated linearly in ``B``; every
-batch size keeps its own online correction factors and overhead. All are cached on disk next to
+batch size keeps its own online corrections (load, shape, overhead: see
+:class:`racer_rs.autosize.cost_model.CostModel`). All are cached on disk next to
 today's curve (``<cost key>-b<B>.json``).
 """
 

@@ -85,27 +85,52 @@ def measure_forward_cost(
 
 #: Context lengths the cost curve is measured at; t(n) at other lengths is interpolated.
 CURVE_CONTEXTS = (128, 1024)
-#: Weight of the newest observation in the online correction of the cost curve.
+#: Weight of the newest step in the machine's load factor: load moves every size alike and
+#: changes within seconds on a shared machine, so it is followed fast.
+LOAD_RATE = 0.3
+#: Weight of the newest step in a size bucket's shape factor: the measured curve's own error for
+#: that size, a property of the model and device, so it is learned slowly from many steps.
+SHAPE_RATE = 0.05
+#: Largest share (in log) of one step's prediction error a shape factor takes.
+SHAPE_STEP = 0.1
+#: Overhead outside the forward (drafting, acceptance) is averaged at this rate.
 CORRECTION_RATE = 0.1
+#: Load factors beyond this range are clipped (a 10x spike must not decide the next hour).
+LOAD_RANGE = (1 / 8, 8.0)
+#: Shape factors beyond this range are clipped (the measured curve is never that wrong).
+SHAPE_RANGE = (1 / 4, 4.0)
 
 
 def _bucket(n: int) -> int:
     return max(0, int(n).bit_length() - 1)  # 1 -> 0, 2..3 -> 1, 4..7 -> 2, ...
 
 
+def _clip(value: float, bounds: tuple[float, float]) -> float:
+    return float(min(max(value, bounds[0]), bounds[1]))
+
+
 class CostModel:
     """Predicted seconds of one decode step that verifies ``n`` tree tokens.
 
     ``t(n, L)`` comes from curves measured at two context lengths (linear in ``L`` between and
-    beyond them), times a correction factor per size bucket (powers of two) learned online from
-    the engine's own forward timings, plus the step's time outside the forward (drafting,
-    acceptance, bookkeeping), also learned online. A bucket never observed uses the mean factor
-    of those that were, so a machine that got busier slows every prediction alike.
+    beyond them), corrected online from the engine's own forward timings by two factors:
+
+    - the machine's **load**, one factor for every size, followed fast (other processes on a
+      shared machine slow every forward alike, for a while); never stored, since a later
+      process meets a different load;
+    - a **shape** factor per size bucket (powers of two), learned slowly: what the first-use
+      measurement got wrong about that size relative to the others (e.g. small trees timed
+      while the machine was still warming up). Stored with the curve; 1 for a bucket never seen.
+
+    Each step's error (in log space, observed over predicted seconds) moves the load by a large
+    share and the bucket's shape by a small, bounded one; the shapes' mean is then folded into
+    the load. A burst of load thus moves the load, not the shapes, and one disturbed first step
+    no longer sets a bucket's factor for good (as a single "first observation" factor did).
 
     Args:
         sizes: the tree sizes measured, ascending, starting at 1.
         seconds: ``{context: seconds per size}`` for two context lengths.
-        factors: per-bucket correction factors to start from (``None``: none yet).
+        shape: per-bucket shape factors to start from (``None``: all 1).
         overhead: seconds per step outside the forward to start from.
     """
 
@@ -113,7 +138,7 @@ class CostModel:
         self,
         sizes: Sequence[int],
         seconds: dict[int, Sequence[float]],
-        factors: dict[int, float] | None = None,
+        shape: dict[int, float] | None = None,
         overhead: float = 0.0,
     ) -> None:
         self.sizes = np.asarray(sizes, dtype=np.float64)
@@ -126,7 +151,8 @@ class CostModel:
         self.curve_long = np.asarray(long, dtype=np.float64)
         if not (np.all(self.curve_short > 0) and np.all(self.curve_long > 0)):
             raise InvalidArgumentError("measured seconds must be positive")
-        self.factors: dict[int, float] = dict(factors or {})
+        self.shape: dict[int, float] = {k: _clip(v, SHAPE_RANGE) for k, v in (shape or {}).items()}
+        self.load = 1.0
         self.overhead = float(overhead)
 
     @property
@@ -144,15 +170,11 @@ class CostModel:
         return seconds
 
     def forward_seconds(self, n: np.ndarray, context: int) -> np.ndarray:
-        """Predicted forward seconds for tree sizes ``n`` at ``context`` tokens.
-
-        The measured curve times each size bucket's correction factor; a bucket not observed yet
-        takes the mean factor of those that were (the machine's load moves every size alike).
-        """
+        """Predicted forward seconds for tree sizes ``n`` at ``context`` tokens: the measured
+        curve times the load and each size bucket's shape factor."""
         n = np.asarray(n, dtype=np.float64)
-        default = float(np.mean(list(self.factors.values()))) if self.factors else 1.0
-        factor = np.asarray([self.factors.get(_bucket(int(k)), default) for k in n.ravel()]).reshape(n.shape)
-        seconds: np.ndarray = self.measured_seconds(n, context) * factor
+        shape = np.asarray([self.shape.get(_bucket(int(k)), 1.0) for k in n.ravel()]).reshape(n.shape)
+        seconds: np.ndarray = self.measured_seconds(n, context) * self.load * shape
         return seconds
 
     def step_seconds(self, n: np.ndarray, context: int) -> np.ndarray:
@@ -161,18 +183,33 @@ class CostModel:
 
     def observe(self, n: int, context: int, forward: float, overhead: float) -> None:
         """Correct the model with one step's measured forward and outside-forward seconds."""
+        if not (np.isfinite(forward) and forward > 0):
+            return  # a clock that went backwards or a zero timing teaches nothing
         bucket = _bucket(n)
-        ratio = forward / float(self.measured_seconds(np.asarray([n]), context)[0])
-        old = self.factors.get(bucket)
-        self.factors[bucket] = ratio if old is None else (1 - CORRECTION_RATE) * old + CORRECTION_RATE * ratio
+        log_ratio = float(np.log(forward / float(self.measured_seconds(np.asarray([n]), context)[0])))
+        log_shape = {k: float(np.log(v)) for k, v in self.shape.items()}
+        log_shape.setdefault(bucket, 0.0)
+        log_load = float(np.log(self.load))
+        error = log_ratio - log_load - log_shape[bucket]
+        log_load += LOAD_RATE * error
+        # The shape takes a bounded share of each step's error: a burst of load is a run of
+        # large errors, a wrong curve a long run of small ones.
+        log_shape[bucket] += SHAPE_RATE * float(np.clip(error, -SHAPE_STEP, SHAPE_STEP))
+        # Load and shape only meet as a product; the shapes' mean (over the buckets seen) is
+        # moved into the load, so one bucket alone keeps shape 1, and a bucket never seen is
+        # predicted like the average of those that were.
+        mean = float(np.mean(list(log_shape.values())))
+        self.load = _clip(float(np.exp(log_load + mean)), LOAD_RANGE)
+        self.shape = {k: _clip(float(np.exp(v - mean)), SHAPE_RANGE) for k, v in log_shape.items()}
         self.overhead = (1 - CORRECTION_RATE) * self.overhead + CORRECTION_RATE * max(overhead, 0.0)
 
     def state(self) -> dict[str, Any]:
-        """JSON-ready state (:meth:`from_state` restores it)."""
+        """JSON-ready state (:meth:`from_state` restores it); the load is left out: it belongs
+        to this moment on this machine, not to the model."""
         return {
             "sizes": self.sizes.astype(int).tolist(),
             "seconds": {str(self.short): self.curve_short.tolist(), str(self.long): self.curve_long.tolist()},
-            "factors": {str(k): v for k, v in self.factors.items()},
+            "shape": {str(k): v for k, v in self.shape.items()},
             "overhead": self.overhead,
         }
 
@@ -185,15 +222,17 @@ class CostModel:
         """
         try:
             seconds: dict[int, Sequence[float]] = {int(k): [float(x) for x in v] for k, v in state["seconds"].items()}
-            factors = {int(k): float(v) for k, v in state.get("factors", {}).items()}
-            if not all(np.isfinite(v) and v > 0 for v in factors.values()):
-                raise InvalidArgumentError("correction factors must be positive")
+            # "factors" (load and shape in one, from before they were split) is not read: it
+            # holds whatever load the machine had when it was saved.
+            shape = {int(k): float(v) for k, v in state.get("shape", {}).items()}
+            if not all(np.isfinite(v) and v > 0 for v in shape.values()):
+                raise InvalidArgumentError("shape factors must be positive")
             overhead = float(state.get("overhead", 0.0))
             if not (np.isfinite(overhead) and overhead >= 0):
                 raise InvalidArgumentError("the overhead must be finite and non-negative")
             if not all(np.isfinite(x) for curve in seconds.values() for x in curve):
                 raise InvalidArgumentError("measured seconds must be finite")
-            return cls(state["sizes"], seconds, factors, overhead)
+            return cls(state["sizes"], seconds, shape, overhead)
         except (KeyError, TypeError, AttributeError) as exc:
             raise InvalidArgumentError(f"malformed cost state: {exc}") from None
 

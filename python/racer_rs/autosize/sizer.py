@@ -214,6 +214,8 @@ class TreeSizer:
             "observed_tokens_per_step": float(np.mean(self.observed)) if steps else 0.0,
             "cost_curve_ms": self.cost.curve_ms(context),
             "overhead_ms": round(1000 * self.cost.overhead, 3),
+            "load_factor": round(self.cost.load, 3),
+            "shape_factors": {1 << k: round(v, 3) for k, v in sorted(self.cost.shape.items())},
         }
 
 
