@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
 from racer_rs import EDGE_CELLS, DraftTree, edge_cell_priors  # noqa: E402
-from racer_rs.autosize import sizer as tree_size  # noqa: E402
+from racer_rs.autosize import state as tree_state  # noqa: E402
 from racer_rs.autosize.calibration import PRIOR_WEIGHT, EdgeCalibration, path_probabilities  # noqa: E402
 from racer_rs.autosize.cost_model import CostModel  # noqa: E402
 from racer_rs.autosize.sizer import EXPLORE_AFTER, TreeSizer, best_first_order, best_prefix_size, subtree  # noqa: E402
@@ -369,11 +369,11 @@ COSTS = {
 def forced_cost(monkeypatch, tmp_path):
     """Use a given cost curve, frozen (no online correction), and a private cache."""
     monkeypatch.setenv("RACER_RS_CACHE", str(tmp_path))
-    monkeypatch.setattr(tree_size, "_calibrations", {})
+    monkeypatch.setattr(tree_state, "_calibrations", {})
     monkeypatch.setattr(CostModel, "observe", lambda self, *args, **kwargs: None)
 
     def force(kind: str) -> None:
-        monkeypatch.setattr(tree_size, "cost_model", lambda model, max_capacity: COSTS[kind]())
+        monkeypatch.setattr(tree_state, "cost_model", lambda model, max_capacity: COSTS[kind]())
 
     return force
 
@@ -454,21 +454,21 @@ def test_bad_capacity_values_are_clear_errors():
 
 def test_cost_curve_is_measured_once_and_cached_on_disk(monkeypatch, tmp_path):
     monkeypatch.setenv("RACER_RS_CACHE", str(tmp_path))
-    monkeypatch.setattr(tree_size, "_costs", {})
+    monkeypatch.setattr(tree_state, "_costs", {})
     measured = []
-    real = tree_size.measure_cost_model
-    monkeypatch.setattr(tree_size, "measure_cost_model", lambda m, n: measured.append(n) or real(m, n, rounds=1))
+    real = tree_state.measure_cost_model
+    monkeypatch.setattr(tree_state, "measure_cost_model", lambda m, n: measured.append(n) or real(m, n, rounds=1))
     model = tiny_model("llama", seed=0, sharpen=4.0)
     racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=8, capacity="auto", max_capacity=8)
     assert measured == [8]
     files = list((tmp_path / "tree_size" / "cost").glob("*.json"))
     assert len(files) == 1
-    monkeypatch.setattr(tree_size, "_costs", {})  # a new process: read from disk, not measured
+    monkeypatch.setattr(tree_state, "_costs", {})  # a new process: read from disk, not measured
     racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=8, capacity="auto", max_capacity=8)
     assert measured == [8]
-    for damaged in ("{half-written", json.dumps({"format": tree_size.STATE_FORMAT})):  # measured again
+    for damaged in ("{half-written", json.dumps({"format": tree_state.STATE_FORMAT})):  # measured again
         files[0].write_text(damaged, encoding="utf-8")
-        monkeypatch.setattr(tree_size, "_costs", {})
+        monkeypatch.setattr(tree_state, "_costs", {})
         racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=8, capacity="auto", max_capacity=8)
     assert measured == [8, 8, 8]
     assert not list((tmp_path / "tree_size" / "cost").glob(".*"))  # no temporary file left behind
@@ -478,8 +478,8 @@ def test_calibration_warm_starts_the_next_request(forced_cost):
     forced_cost("mild")
     model = tiny_model("llama", seed=0, sharpen=4.0)
     racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=40, capacity="auto")
-    key = tree_size.calibration_key(model, "racer", greedy=True)
-    warm = tree_size.load_calibration(key)
+    key = tree_state.calibration_key(model, "racer", greedy=True)
+    warm = tree_state.load_calibration(key)
     assert warm.tried.sum() > 0
     assert not np.allclose(warm.probabilities(), EdgeCalibration().probabilities())
     assert PRIOR_WEIGHT > 0

@@ -10,33 +10,22 @@ keeps the ``n`` best that maximise
 with ``t`` the forward cost model of the target on its device (:class:`racer_rs.autosize.cost_model.
 CostModel`). ``n = 1`` is a plain decoding step, chosen when no draft pays for its verification.
 Only past outcomes and timings enter the choice, never the target's output for the step itself.
-
-The cost curve is measured once per model, device, dtype and thread count and cached on disk
-with its online corrections; the calibration is kept per model, method and decoding mode and
-warm-starts each request.
+What the rule keeps across requests (the cost curve, the calibrations) is in
+:mod:`racer_rs.autosize.state`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import os
-import platform
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from racer_rs._io import write_text_atomically
 from racer_rs._native import DraftTree
 from racer_rs.autosize.calibration import EdgeCalibration, path_probabilities
-from racer_rs.autosize.cost_model import CostModel, measure_cost_model
+from racer_rs.autosize.cost_model import CostModel
 
-#: Cached-state format; files of another format are measured again.
-STATE_FORMAT = 1
 #: With chain speculative sampling only verified nodes are evidence: after this many plain
 #: decoding steps in a row, one step verifies the best drafted token anyway (at most one in
 #: EXPLORE_AFTER + 1 steps costs a 2-token forward), so that a low estimate can recover.
@@ -217,119 +206,3 @@ class TreeSizer:
             "load_factor": round(self.cost.load, 3),
             "shape_factors": {1 << k: round(v, 3) for k, v in sorted(self.cost.shape.items())},
         }
-
-
-# --- state shared across requests: in memory, and cached on disk ---------------------------
-
-_costs: dict[str, CostModel] = {}
-_calibrations: dict[str, dict[str, Any]] = {}
-
-
-def model_key(model: Any) -> str:
-    """A short identity of a model's weights and configuration (not its file's path)."""
-    config = model.config.to_dict()
-    config.pop("_name_or_path", None)
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
-    parameters = list(model.parameters())
-    digest.update(str(sum(p.numel() for p in parameters)).encode())
-    for parameter in (parameters[0], parameters[-1]):
-        digest.update(parameter.detach().flatten()[:4096].float().cpu().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
-def _state_dir(kind: str) -> Path:
-    from racer_rs.loading.gguf_cache import cache_root
-
-    return cache_root() / "tree_size" / kind
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # absent, unreadable or half-written: measured again, never trusted
-    return data if isinstance(data, dict) and data.get("format") == STATE_FORMAT else None
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write atomically (temporary file, then rename); a failure only loses the cache."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(path, json.dumps({"format": STATE_FORMAT, **data}))
-    except OSError:
-        pass
-
-
-def cost_key(model: Any) -> str:
-    """Key of a cost curve: model, device (its kind and the hardware), dtype and torch's thread count."""
-    import torch
-
-    parameter = next(model.parameters())
-    device = parameter.device
-    dtype = str(parameter.dtype).removeprefix("torch.")
-    return f"{model_key(model)}-{device.type}-{_hardware_id(device)}-{dtype}-{torch.get_num_threads()}t"
-
-
-def _hardware_id(device: Any) -> str:
-    """A short digest of the processor a curve is measured on: a cache folder may be shared by
-    machines (a network home), and a curve's shape is the hardware's."""
-    import torch
-
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = f"{platform.machine()}-{platform.processor()}-{_cpu_model()}-{os.cpu_count()}"
-    return hashlib.sha256(name.encode()).hexdigest()[:8]
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
-    except OSError:
-        return ""
-
-
-def cost_model(model: Any, max_capacity: int) -> CostModel:
-    """The model's cost model: from this process, else the disk cache, else measured now."""
-    key = cost_key(model)
-    cached = _costs.get(key)
-    if cached is None:
-        state = _read_json(_state_dir("cost") / f"{key}.json")
-        try:
-            cached = CostModel.from_state(state["cost"]) if state else None
-        except (KeyError, ValueError):
-            cached = None
-    if cached is None or cached.max_size < max_capacity:
-        cached = measure_cost_model(model, max_capacity)
-    _costs[key] = cached
-    return cached
-
-
-def save_cost_model(model: Any, cost: CostModel) -> None:
-    """Store the (corrected) cost model on disk."""
-    _write_json(_state_dir("cost") / f"{cost_key(model)}.json", {"cost": cost.state()})
-
-
-def calibration_key(model: Any, method: str, greedy: bool) -> str:
-    """Key of a calibration: model, method and decoding mode."""
-    return f"{model_key(model)}-{method}-{'greedy' if greedy else 'sampling'}"
-
-
-def load_calibration(key: str) -> EdgeCalibration:
-    """A calibration warm-started from this process's or the disk's last state for ``key``."""
-    calibration = EdgeCalibration()
-    state = _calibrations.get(key)
-    if state is None:
-        stored = _read_json(_state_dir("calibration") / f"{key}.json")
-        state = stored.get("calibration") if stored else None
-    if state is not None:
-        with contextlib.suppress(ValueError, KeyError, TypeError):  # a damaged state: the priors
-            calibration.load(state)
-    return calibration
-
-
-def save_calibration(key: str, calibration: EdgeCalibration) -> None:
-    """Keep a request's final calibration for the next request (in memory and on disk)."""
-    _calibrations[key] = calibration.state()
-    _write_json(_state_dir("calibration") / f"{key}.json", {"calibration": _calibrations[key]})

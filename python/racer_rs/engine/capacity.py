@@ -79,14 +79,14 @@ class AutoCapacity:
     """
 
     def __init__(self, model: Any, method: str, greedy: bool, max_capacity: int) -> None:
-        from racer_rs.autosize import sizer
+        from racer_rs.autosize import sizer, state
 
         started = time.perf_counter()
         self.model = model
         self.limit = max_capacity
-        self.key = sizer.calibration_key(model, method, greedy)
+        self.key = state.calibration_key(model, method, greedy)
         self.sizer: TreeSizer = sizer.TreeSizer(
-            sizer.cost_model(model, max_capacity), sizer.load_calibration(self.key), max_capacity
+            state.cost_model(model, max_capacity), state.load_calibration(self.key), max_capacity
         )
         # The cost curve's measurement on first use (a part of the request's total time).
         self.setup_seconds = time.perf_counter() - started
@@ -116,10 +116,10 @@ class AutoCapacity:
 
     def finish(self, context: int) -> dict[str, Any]:
         """Store the calibration and cost model for later requests; the request's statistics."""
-        from racer_rs.autosize import sizer
+        from racer_rs.autosize import state
 
-        sizer.save_calibration(self.key, self.sizer.calibration)
-        sizer.save_cost_model(self.model, self.sizer.cost)
+        state.save_calibration(self.key, self.sizer.calibration)
+        state.save_cost_model(self.model, self.sizer.cost)
         return {"auto_capacity": self.sizer.report(context) | {"setup_s": self.setup_seconds}}
 
 
