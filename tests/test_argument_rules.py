@@ -202,6 +202,6 @@ def test_cli_flags(cli_model_folder, capsys, flag, text):
 
 @pytest.fixture(scope="module")
 def cli_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from tests.cli_models import write_tiny_model
+    from tests.helpers import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("rules-cli-model"))

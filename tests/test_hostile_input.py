@@ -25,8 +25,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from racer_rs.cli import main  # noqa: E402
-from tests.cli_models import write_tiny_model  # noqa: E402
-from tests.helpers import REPEATING_PROMPT, seeded_llama, tiny_model  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    REPEATING_PROMPT,
+    seeded_llama,
+    tiny_model,
+    write_tiny_model,
+)
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 import racer_rs.bench.stats  # noqa: E402
 import racer_rs.engine.generation  # noqa: E402
 from racer_rs.cli import main  # noqa: E402
-from tests.cli_models import write_tiny_model  # noqa: E402
+from tests.helpers import write_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -25,7 +25,7 @@ from racer_rs.cli import main  # noqa: E402
 from racer_rs.cli.errors import CLIError  # noqa: E402
 from racer_rs.cli.resources import resolve_shipped  # noqa: E402
 from racer_rs.cli.streaming import DRAFTED_STYLE, RESET_STYLE, TerminalStreamer  # noqa: E402
-from tests.cli_models import write_tiny_model  # noqa: E402
+from tests.helpers import write_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -1,6 +1,6 @@
 """Model loading: name resolution, GGUF conversion and its cache, and every error path.
 
-GGUF files are written in the test from a tiny random Llama (``tests/gguf_models.py``); nothing is
+GGUF files are written in the test from a tiny random Llama (``tests/helpers.py``); nothing is
 downloaded. Every test gets its own cache folder through ``RACER_RS_CACHE``.
 """
 
@@ -28,7 +28,7 @@ from racer_rs.loading import gguf_cache  # noqa: E402
 from racer_rs.loading import models as model_loading  # noqa: E402
 from racer_rs.loading.models import ModelSpecError, load_model, resolve_model  # noqa: E402
 from racer_rs.optional_deps import MissingDependencyError  # noqa: E402
-from tests.gguf_models import CHAT_TEMPLATE, write_tiny_gguf  # noqa: E402
+from tests.helpers import CHAT_TEMPLATE, write_tiny_gguf  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -1,7 +1,7 @@
 """Parted GGUF presets: a GGUF file shipped as ordered part packages, assembled once into the cache.
 
 The part packages are faked under ``tmp_path`` (their ``__init__`` raises, as nothing may import
-them) from a tiny GGUF written in the test (``tests/gguf_models.py``); the real presets'
+them) from a tiny GGUF written in the test (``tests/helpers.py``); the real presets'
 hardcoded sizes are checked against the installed parts by ``stat`` alone when they are present.
 """
 
@@ -29,7 +29,7 @@ from racer_rs.errors import CorruptFileError, MissingDependencyError  # noqa: E4
 from racer_rs.loading import gguf_cache, parted  # noqa: E402
 from racer_rs.loading import models as model_loading  # noqa: E402
 from racer_rs.loading.models import load_model, resolve_model  # noqa: E402
-from tests.gguf_models import write_tiny_gguf  # noqa: E402
+from tests.helpers import write_tiny_gguf  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

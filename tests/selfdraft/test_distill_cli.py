@@ -1,6 +1,6 @@
 """Tests of ``racer distill-draft`` and of ``--draft-model self:K`` / a distilled checkpoint.
 
-A tiny random Llama and byte-level tokenizer (``tests/cli_models.py``) are distilled for a few
+A tiny random Llama and byte-level tokenizer (``tests/helpers.py``) are distilled for a few
 seconds; the checkpoint then drives ``racer generate`` and ``racer bench`` (greedy output equal
 to plain decoding there). Every bad input is one ``racer: error: ...`` line with exit code 2.
 """
@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 from racer_rs.cli import main  # noqa: E402
 from tests.cli.test_cli import assert_one_line_error, run_cli  # noqa: E402
-from tests.cli_models import write_tiny_model  # noqa: E402
+from tests.helpers import write_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
