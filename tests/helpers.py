@@ -11,6 +11,7 @@ from __future__ import annotations
 import string
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,17 +35,63 @@ VOCAB = 96
 WINDOW = 256
 
 
-def _llama(vocab: int) -> PreTrainedModel:
-    config = LlamaConfig(
+#: :func:`tiny_llama`'s keywords for the self-draft tests' deeper model: four layers and an
+#: untied head. With this init its greedy output is varied (about ten distinct tokens in 40) and
+#: its first two layers predict like the whole model about half the time, so a self-draft has
+#: tokens both accepted and rejected. (A tied head would make the model mostly repeat its input
+#: token.)
+DEEP_LLAMA: dict[str, Any] = {"layers": 4, "heads": 4, "tied": False, "init": 0.05}
+
+
+def tiny_llama(
+    seed: int | None = 0,
+    *,
+    vocab: int = VOCAB,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 2,
+    window: int = 512,
+    tied: bool = True,
+    init: float = 0.1,
+    **config: Any,
+) -> LlamaForCausalLM:
+    """The tests' one Llama builder: a tiny random float32 Llama (two key-value heads, an MLP
+    twice the hidden size) in eval mode.
+
+    The defaults give a model whose greedy output is varied (``init`` above transformers' 0.02),
+    the draft or target of the draft-model, TTS, EOS and auto-capacity tests. The other tests'
+    models are keyword arguments of the same builder: ``tiny_model("llama")`` (four heads, window
+    :data:`WINDOW`, untied, ``init=0.02``), :data:`DEEP_LLAMA`, the TTS tests' drafts
+    (``init=0.02``), and the models :func:`write_tiny_model` and :func:`write_tiny_gguf` write.
+
+    Args:
+        seed: torch's seed, set just before initialisation; None keeps the generator's state
+            (:func:`tiny_model` seeds it).
+        vocab, hidden, layers, heads: the shape.
+        window: ``max_position_embeddings``.
+        tied: tie the output embeddings to the input ones.
+        init: ``initializer_range``.
+        config: further ``LlamaConfig`` fields (token ids, ``rms_norm_eps``, ...).
+    """
+    if seed is not None:
+        torch.manual_seed(seed)
+    llama_config = LlamaConfig(
         vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
         num_key_value_heads=2,
-        max_position_embeddings=WINDOW,
+        max_position_embeddings=window,
+        tie_word_embeddings=tied,
+        initializer_range=init,
+        **config,
     )
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(llama_config).eval()
+
+
+def _llama(vocab: int) -> PreTrainedModel:
+    return tiny_llama(None, vocab=vocab, heads=4, window=WINDOW, tied=False, init=0.02)
 
 
 def _qwen2(vocab: int) -> PreTrainedModel:
@@ -171,24 +218,6 @@ def random_prompt(seed: int, length: int = 24, vocab: int = VOCAB) -> list[int]:
     return torch.randint(0, vocab, (length,), generator=generator).tolist()
 
 
-def seeded_llama(seed: int, hidden: int = 32, vocab: int = 96, init: float = 0.1) -> PreTrainedModel:
-    """A seeded float32 Llama whose greedy output is varied (``init`` above the default 0.02),
-    used as a draft or target in the draft-model and TTS tests."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        initializer_range=init,
-    )
-    return LlamaForCausalLM(config).eval()
-
-
 # --- models on disk ----------------------------------------------------------------------------
 
 CHAT_TEMPLATE = (
@@ -200,7 +229,7 @@ CHAT_TEMPLATE = (
 def write_tiny_model(folder: Path, seed: int = 0) -> Path:
     """Write a tiny random Llama model and a byte-level BPE tokenizer (257 tokens) to ``folder``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {"<|endoftext|>": 0, **{char: index + 1 for index, char in enumerate(alphabet)}}
@@ -210,21 +239,7 @@ def write_tiny_model(folder: Path, seed: int = 0) -> Path:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config)
+    model = tiny_llama(seed, vocab=len(vocab), tied=False, init=0.02, bos_token_id=0, eos_token_id=0, pad_token_id=0)
     # Zero the output rows of every token but printable ASCII: greedy text is then readable and
     # soon repeats, so prompt lookup finds drafts that the target accepts.
     ascii_ids = tokenizer(string.ascii_letters + string.digits + string.punctuation + " \n")["input_ids"]
@@ -260,33 +275,22 @@ def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def tiny_llama(seed: int = 0, vocab: int = 258) -> LlamaForCausalLM:
-    """A seeded tiny float32 Llama with untied input and output embeddings."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        bos_token_id=0,
-        eos_token_id=0,
-        tie_word_embeddings=False,
-        initializer_range=0.1,
-    )
-    return LlamaForCausalLM(config).eval()
-
-
 def write_tiny_gguf(path: Path, seed: int = 0) -> LlamaForCausalLM:
     """Write a tiny random Llama and a byte-level tokenizer to ``path``; return the model."""
     import gguf
 
     tokens = _byte_level_tokens()
-    model = tiny_llama(seed, vocab=len(tokens))
+    model = tiny_llama(
+        seed,
+        vocab=len(tokens),
+        heads=4,
+        window=256,
+        tied=False,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     config = model.config
     head_dim = config.hidden_size // config.num_attention_heads
     writer = gguf.GGUFWriter(str(path), "llama")

@@ -27,7 +27,7 @@ pytest.importorskip("transformers")
 from racer_rs.cli import main  # noqa: E402
 from tests.helpers import (  # noqa: E402
     REPEATING_PROMPT,
-    seeded_llama,
+    tiny_llama,
     tiny_model,
     write_tiny_model,
 )
@@ -135,7 +135,7 @@ def test_every_integer_dtype_reaches_the_rust_core_range_checked():
 
 
 def nan_draft(seed: int = 1) -> Any:
-    draft = seeded_llama(seed)
+    draft = tiny_llama(seed)
     with torch.no_grad():
         for parameter in draft.model.layers[0].parameters():
             parameter.fill_(float("nan"))
@@ -144,7 +144,7 @@ def nan_draft(seed: int = 1) -> Any:
 
 @pytest.mark.parametrize("method", ["draft_model", "tts", "racer_tts"])
 def test_a_draft_with_nan_weights_costs_acceptance_not_the_request(method):
-    target = seeded_llama(0)
+    target = tiny_llama(0)
     options: dict[str, Any] = {"draft_model": nan_draft(), "canvas": 3}
     if method != "draft_model":
         options |= {"update_every": 1, "asynchronous": False}
@@ -168,9 +168,9 @@ def test_a_diverging_tts_update_is_undone_and_reported(monkeypatch):
         return loss
 
     monkeypatch.setattr(tts, "distill_step", diverging)
-    target = seeded_llama(0)
+    target = tiny_llama(0)
     result = racer_rs.generate(
-        target, REPEATING_PROMPT, method="tts", draft_model=seeded_llama(1), canvas=3, update_every=1,
+        target, REPEATING_PROMPT, method="tts", draft_model=tiny_llama(1), canvas=3, update_every=1,
         max_new_tokens=16, temperature=0.8, seed=0, asynchronous=False,
     )  # fmt: skip
     assert len(result.tokens) == 16
@@ -182,7 +182,7 @@ def test_a_diverging_tts_update_is_undone_and_reported(monkeypatch):
 def test_the_learning_rate_is_range_checked(lr):
     with pytest.raises(InvalidArgumentError, match="lr must be"):
         racer_rs.generate(
-            seeded_llama(0), REPEATING_PROMPT, method="tts", draft_model=seeded_llama(1), lr=lr, max_new_tokens=2
+            tiny_llama(0), REPEATING_PROMPT, method="tts", draft_model=tiny_llama(1), lr=lr, max_new_tokens=2
         )
 
 

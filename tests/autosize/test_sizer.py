@@ -24,7 +24,7 @@ from racer_rs.autosize.calibration import PRIOR_WEIGHT, EdgeCalibration, path_pr
 from racer_rs.autosize.cost_model import CostModel  # noqa: E402
 from racer_rs.autosize.sizer import EXPLORE_AFTER, TreeSizer, best_first_order, best_prefix_size, subtree  # noqa: E402
 from racer_rs.engine.sampling import SamplingConfig  # noqa: E402
-from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, seeded_llama, tiny_model  # noqa: E402
+from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, tiny_llama, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -417,7 +417,7 @@ def test_auto_sampling_equals_plain_sampling(forced_cost, method):
 @pytest.mark.parametrize("method", ["draft_model", "tts", "racer_tts"])
 def test_auto_with_draft_model_methods_is_lossless_in_greedy(forced_cost, method):
     forced_cost("mild")
-    target, draft = seeded_llama(11), seeded_llama(12, hidden=16)
+    target, draft = tiny_llama(11), tiny_llama(12, hidden=16)
     prompt = [3, 17, 42, 8, 3, 17, 42, 8, 3]
     expected = plain_greedy(target, prompt, 32)
     result = racer_rs.generate(

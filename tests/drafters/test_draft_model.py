@@ -18,18 +18,13 @@ transformers = pytest.importorskip("transformers")
 import racer_rs  # noqa: E402
 from racer_rs.drafters.base import Drafter, RequestStart  # noqa: E402
 from racer_rs.drafters.draft_model import DraftModelDrafter  # noqa: E402
-from tests.helpers import plain_greedy, seeded_llama  # noqa: E402
+from tests.helpers import plain_greedy, tiny_llama  # noqa: E402
 from tests.stats import pvalue_of_array  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 VOCAB = 96
 SMALL_VOCAB = 12  # the distribution tests' vocabulary: few cells, so chi-square tests have power
-
-
-def tiny_llama(seed: int, hidden: int = 32, vocab: int = VOCAB, init: float = 0.1) -> torch.nn.Module:
-    """A seeded random float32 Llama; ``init`` 0.1 makes its greedy output varied."""
-    return seeded_llama(seed, hidden, vocab, init)
 
 
 def noisy_copy(model: torch.nn.Module, seed: int, scale: float) -> torch.nn.Module:

@@ -24,7 +24,7 @@ import racer_rs  # noqa: E402
 from racer_rs.drafters import make_drafter  # noqa: E402
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart  # noqa: E402
 from racer_rs.drafters.racer import RacerDrafter  # noqa: E402
-from tests.helpers import REPEATING_PROMPT, plain_greedy, random_prompt, seeded_llama, tiny_model  # noqa: E402
+from tests.helpers import REPEATING_PROMPT, plain_greedy, random_prompt, tiny_llama, tiny_model  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
@@ -199,7 +199,7 @@ Pair = tuple[torch.nn.Module, torch.nn.Module]
 
 @pytest.fixture(scope="module")
 def pair() -> Pair:
-    return seeded_llama(0, hidden=64), seeded_llama(1, hidden=32)
+    return tiny_llama(0, hidden=64), tiny_llama(1, hidden=32)
 
 
 @pytest.mark.parametrize("method", ["draft_model", "tts", "racer_tts"])

@@ -29,7 +29,7 @@ import racer_rs  # noqa: E402
 from racer_rs.engine import generation  # noqa: E402
 from racer_rs.engine.decode_loop import DecodeLoop, DecodeState, Verification  # noqa: E402
 from racer_rs.engine.sampling import SamplingConfig  # noqa: E402
-from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, seeded_llama, tiny_model  # noqa: E402
+from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, tiny_llama, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -55,8 +55,8 @@ def sharp() -> Sharp:
 @pytest.fixture(scope="module")
 def pair() -> Pair:
     """A target and a draft that is a noisy copy of it (drafts often accepted)."""
-    target = seeded_llama(0, hidden=64)
-    draft = seeded_llama(0, hidden=64)
+    target = tiny_llama(0, hidden=64)
+    draft = tiny_llama(0, hidden=64)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for param in draft.parameters():

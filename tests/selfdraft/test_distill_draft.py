@@ -31,7 +31,7 @@ from racer_rs.selfdraft.distillation.training import (  # noqa: E402
     trainable_parameters,
 )
 from racer_rs.selfdraft.model import self_draft  # noqa: E402
-from tests.selfdraft.test_self_draft import deep_llama  # noqa: E402
+from tests.helpers import DEEP_LLAMA, tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -42,7 +42,7 @@ IDS = [3, 17, 42, 8, 55, 3, 17, 9]
 
 @pytest.fixture(scope="module")
 def target() -> torch.nn.Module:
-    return deep_llama()
+    return tiny_llama(**DEEP_LLAMA)
 
 
 def prompts(count: int = 8) -> list[list[int]]:
@@ -86,7 +86,7 @@ def test_a_saved_draft_loads_back_identical(target, tmp_path, vocab) -> None:
 
 def test_a_bfloat16_copy_of_the_target_still_matches(target, tmp_path) -> None:
     save_self_draft(trained_draft(target), target, tmp_path / "ckpt", target_name="tiny")
-    half = deep_llama().to(torch.bfloat16)
+    half = tiny_llama(**DEEP_LLAMA).to(torch.bfloat16)
     loaded = load_self_draft(half, tmp_path / "ckpt")
     assert next(loaded.model.layers.parameters()).dtype == torch.bfloat16
 
@@ -139,13 +139,13 @@ def test_corrupt_manifest_is_refused(target, tmp_path, content) -> None:
 def test_another_architecture_is_refused(target, tmp_path) -> None:
     save_self_draft(trained_draft(target), target, tmp_path / "ckpt", target_name="tiny")
     with pytest.raises(DraftCheckpointError, match=r"num_hidden_layers=4.*the target has num_hidden_layers=3"):
-        load_self_draft(deep_llama(layers=3), tmp_path / "ckpt")
+        load_self_draft(tiny_llama(**{**DEEP_LLAMA, "layers": 3}), tmp_path / "ckpt")
 
 
 def test_another_target_of_the_same_architecture_is_refused(target, tmp_path) -> None:
     save_self_draft(trained_draft(target), target, tmp_path / "ckpt", target_name="tiny")
     with pytest.raises(DraftCheckpointError, match="weights differ"):
-        load_self_draft(deep_llama(seed=5), tmp_path / "ckpt")
+        load_self_draft(tiny_llama(5, **DEEP_LLAMA), tmp_path / "ckpt")
 
 
 def test_an_interrupted_save_leaves_the_previous_checkpoint(target, tmp_path, monkeypatch) -> None:
@@ -331,7 +331,7 @@ def test_resuming_with_other_settings_or_another_target_is_refused(target, tmp_p
     with pytest.raises(DistillError, match=r"other settings.*vocab"):
         run(target, out, vocab=30)
     with pytest.raises(DistillError, match="another target"):
-        run(deep_llama(seed=3), out)
+        run(tiny_llama(3, **DEEP_LLAMA), out)
     (out / "work" / "plan.json").write_text("{broken")
     with pytest.raises(DistillError, match="unreadable"):
         run(target, out)

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 import racer_rs  # noqa: E402
 from racer_rs.drafters.draft_model import DraftModelDrafter  # noqa: E402
 from racer_rs.selfdraft.model import ReducedHead, self_draft  # noqa: E402
-from tests.helpers import plain_greedy, seeded_llama, tiny_model  # noqa: E402
+from tests.helpers import DEEP_LLAMA, plain_greedy, tiny_llama, tiny_model  # noqa: E402
 from tests.stats import pvalue_of_array  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -28,29 +28,9 @@ VOCAB = 96
 SMALL_VOCAB = 12
 
 
-def deep_llama(seed: int = 0, layers: int = 4, vocab: int = VOCAB, init: float = 0.05) -> torch.nn.Module:
-    """A seeded Llama with several layers and an untied head. With this init its greedy output
-    is varied (about ten distinct tokens in 40) and its first two layers predict like the whole
-    model about half the time, so a self-draft has tokens both accepted and rejected. (A tied
-    head would make the model mostly repeat its input token.)"""
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        initializer_range=init,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
-
-
 @pytest.fixture(scope="module")
 def target() -> torch.nn.Module:
-    return deep_llama()
+    return tiny_llama(**DEEP_LLAMA)
 
 
 def logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
@@ -244,7 +224,7 @@ class ForgetsTheReducedSupport(DraftModelDrafter):
 
 
 def small_target() -> torch.nn.Module:
-    return seeded_llama(10, hidden=32, vocab=SMALL_VOCAB, init=0.3)
+    return tiny_llama(10, hidden=32, vocab=SMALL_VOCAB, init=0.3)
 
 
 def test_reduced_draft_proposes_only_kept_tokens_and_reports_it() -> None:

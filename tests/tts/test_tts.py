@@ -28,27 +28,11 @@ from racer_rs.tts.online_loss import (  # noqa: E402
     trainable_parameter_names,
 )
 from racer_rs.tts.update_worker import THREAD_NAME_PREFIX, UpdateWorker  # noqa: E402
-from tests.helpers import plain_greedy, plain_sampling, seeded_llama  # noqa: E402
+from tests.helpers import plain_greedy, plain_sampling, tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 VOCAB = 96
-
-
-def tiny_llama(seed: int, hidden: int = 32, layers: int = 2, vocab: int = VOCAB) -> torch.nn.Module:
-    """A seeded random float32 Llama causal LM."""
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 def make_canvas(draft: torch.nn.Module, seed: int = 0, n_prefix: int = 12, n_canvas: int = 6) -> Canvas:
@@ -88,7 +72,7 @@ def distance(a: torch.nn.Module, b: torch.nn.Module) -> float:
 
 
 def test_canvas_logits_align_with_full_forward() -> None:
-    draft = tiny_llama(1)
+    draft = tiny_llama(1, init=0.02)
     canvas = make_canvas(draft)
     gen = torch.Generator().manual_seed(0)
     prefix_ids = torch.randint(0, VOCAB, (1, 12), generator=gen)  # same draw as make_canvas
@@ -131,7 +115,7 @@ def test_reference_term_has_zero_gradient_at_its_reference_and_not_elsewhere() -
 
 
 def test_on_trajectory_mask_ignores_rows_after_rejection() -> None:
-    draft = tiny_llama(2)
+    draft = tiny_llama(2, init=0.02)
     canvas = make_canvas(draft)
     config = DistillConfig(mask="on_trajectory")
     assert row_weights(canvas, config).nonzero().flatten().tolist() == [0, 1, 2]
@@ -143,19 +127,19 @@ def test_on_trajectory_mask_ignores_rows_after_rejection() -> None:
 
 
 def test_step_lowers_loss_on_its_canvas() -> None:
-    draft = tiny_llama(5)
+    draft = tiny_llama(5, init=0.02)
     canvas = make_canvas(draft, seed=1)
     config = DistillConfig(lr=3e-3)
     names = trainable_parameter_names(draft, "all")
     optimizer = make_optimizer(trainable_params(draft, names), config)
     before = distill_step(draft, optimizer, canvas, config)
-    assert before == pytest.approx(canvas_loss(tiny_llama(5), canvas, config), rel=1e-5)
+    assert before == pytest.approx(canvas_loss(tiny_llama(5, init=0.02), canvas, config), rel=1e-5)
     after = canvas_loss(draft, canvas, config)
     assert after < before
 
 
 def test_step_works_on_inference_mode_tensors() -> None:
-    draft = tiny_llama(6)
+    draft = tiny_llama(6, init=0.02)
     with torch.inference_mode():
         canvas = make_canvas(draft, seed=2)
     config = DistillConfig(lr=3e-3)
@@ -165,12 +149,12 @@ def test_step_works_on_inference_mode_tensors() -> None:
 
 
 def test_lambda_keeps_weights_closer_to_the_original() -> None:
-    original = tiny_llama(7)
+    original = tiny_llama(7, init=0.02)
     canvas = make_canvas(original, seed=3)
     distances = {}
     for lam in (0.0, 4.0):
         config = DistillConfig(lr=1e-2, lam=lam)
-        draft = tiny_llama(7)
+        draft = tiny_llama(7, init=0.02)
         optimizer = make_optimizer(trainable_params(draft, trainable_parameter_names(draft)), config)
         for _ in range(8):
             distill_step(draft, optimizer, canvas, config, reference=original)
@@ -179,8 +163,8 @@ def test_lambda_keeps_weights_closer_to_the_original() -> None:
 
 
 def test_frozen_parameters_stay_bit_identical() -> None:
-    draft = tiny_llama(8)
-    original = tiny_llama(8)
+    draft = tiny_llama(8, init=0.02)
+    original = tiny_llama(8, init=0.02)
     canvas = make_canvas(draft, seed=4)
     config = DistillConfig(lr=1e-2)
     names = trainable_parameter_names(draft, "no_embeddings")
@@ -197,8 +181,8 @@ def test_frozen_parameters_stay_bit_identical() -> None:
 
 
 def test_parameters_shared_with_the_target_are_never_trainable() -> None:
-    target = tiny_llama(9)
-    draft = tiny_llama(10)
+    target = tiny_llama(9, init=0.02)
+    draft = tiny_llama(10, init=0.02)
     draft.model.embed_tokens.weight = target.model.embed_tokens.weight  # borrowed, tied to the target
     names = trainable_parameter_names(draft, "all", shared_with=target)
     assert "model.embed_tokens.weight" not in names
@@ -223,7 +207,7 @@ def test_config_rejects_bad_values(kwargs: dict, word: str) -> None:
 
 
 def test_trainable_rejects_bad_values() -> None:
-    draft = tiny_llama(11)
+    draft = tiny_llama(11, init=0.02)
     with pytest.raises(ValueError, match="trainable"):
         trainable_parameter_names(draft, "bogus")
     with pytest.raises(ValueError, match="trainable"):
@@ -334,16 +318,11 @@ def test_async_worker_discard_drops_the_update_in_flight() -> None:
 PROMPT = [1, 2, 3, 4, 5, 6]
 
 
-def varied_llama(seed: int, hidden: int = 32) -> torch.nn.Module:
-    """A random Llama whose greedy output is varied (larger init than the default)."""
-    return seeded_llama(seed, hidden, VOCAB)
-
-
 @pytest.fixture(scope="module")
 def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
     """A target and a draft that is a noisy copy of it (partial acceptance)."""
-    target = varied_llama(0, hidden=64)
-    draft = varied_llama(0, hidden=64)
+    target = tiny_llama(0, hidden=64)
+    draft = tiny_llama(0, hidden=64)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for param in draft.parameters():
