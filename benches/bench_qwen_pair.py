@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 import racer_rs
-from position_buckets import acceptance_by_bucket, plot_acceptance, tts_update_summary
+from racer_rs.bench.position_buckets import acceptance_by_bucket, plot_acceptance, tts_update_summary
 from racer_rs.bench.prompting import encode_conversation
 from racer_rs.bench.prompts import load_questions
 

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 import racer_rs
-from position_buckets import BUCKET, acceptance_by_bucket, plot_acceptance, tts_update_summary
+from racer_rs.bench.position_buckets import BUCKET, acceptance_by_bucket, plot_acceptance, tts_update_summary
 from racer_rs.bench.prompting import encode_conversation
 from racer_rs.bench.prompts import load_questions
 

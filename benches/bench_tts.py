@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 import racer_rs
-from position_buckets import BUCKET, acceptance_by_bucket, plot_acceptance, tts_update_summary
+from racer_rs.bench.position_buckets import BUCKET, acceptance_by_bucket, plot_acceptance, tts_update_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT  # the repository ships models/ and data/
