@@ -3,7 +3,8 @@
 - ``speedup.png`` and ``mat.png``: grouped bars per category (plus overall) and method, one panel
   per decoding setting.
 - ``acceptance_vs_position.png``: mean tokens committed per step against the generation position
-  (bucketed), one line per drafting method, one panel per setting.
+  (bucketed by :mod:`racer_rs.bench.position_buckets`), one line per drafting method, one panel
+  per setting.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from racer_rs.bench.position_buckets import acceptance_curve
 from racer_rs.bench.runner import BASELINE, Record
 
 
@@ -55,24 +57,11 @@ def _acceptance_curves(
     """Per setting and drafting method: bucket centres and mean accepted length per bucket."""
     curves: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
     for setting in dict.fromkeys(r.setting for r in records):
-        per_method = {}
-        for method in methods:
-            if method == BASELINE:
-                continue
-            sums: dict[int, list[float]] = {}
-            for record in records:
-                if record.setting != setting or record.method != method:
-                    continue
-                for position, accepted in zip(record.positions, record.accepted_lengths, strict=False):
-                    totals = sums.setdefault(position // bucket, [0.0, 0.0])
-                    totals[0] += accepted
-                    totals[1] += 1
-            keys = sorted(sums)
-            per_method[method] = (
-                [(key + 0.5) * bucket for key in keys],
-                [sums[key][0] / sums[key][1] for key in keys],
-            )
-        curves[setting] = per_method
+        curves[setting] = {
+            method: acceptance_curve([r for r in records if r.setting == setting and r.method == method], bucket)
+            for method in methods
+            if method != BASELINE
+        }
     return curves
 
 

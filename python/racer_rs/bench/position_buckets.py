@@ -1,11 +1,15 @@
-"""Long-generation measurements shared by ``bench_tts.py``, ``bench_self_draft.py`` and ``bench_qwen_pair.py``.
+"""Acceptance per generation position: does a draft's acceptance decay as the text grows?
 
-Acceptance length per generation-position bucket (does a draft's acceptance decay as the text
-grows?), TTS's update work on the critical path, and the acceptance-versus-position plot.
+Acceptance length per generation-position bucket (the one computation behind ``racer bench``'s
+``acceptance_vs_position.png`` and the long-generation benchmarks' bucket tables), TTS's update
+work on the critical path, and the long-generation benchmarks' acceptance-versus-position plot.
+Rounds come from anything with ``positions`` and ``accepted_lengths``: a ``GenerationResult`` or
+a benchmark :class:`~racer_rs.bench.runner.Record`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,23 +18,35 @@ import numpy as np
 BUCKET = 128
 
 
-def acceptance_by_bucket(results: list[Any], n_new: int, bucket: int = BUCKET) -> tuple[float, list[float], list[int]]:
+def acceptance_by_bucket(
+    results: Sequence[Any], n_new: int, bucket: int = BUCKET
+) -> tuple[float, list[float], list[int]]:
     """MAT, and acceptance length per ``bucket`` positions with each bucket's round count.
 
     A round belongs to the bucket of the position it starts at; rounds are pooled over
-    ``results`` (one ``GenerationResult`` per prompt). An empty bucket's acceptance is NaN.
+    ``results`` (one ``GenerationResult`` or record per prompt), buckets cover positions
+    ``0 .. n_new - 1``. An empty bucket's acceptance is NaN, and so is the MAT without rounds.
     """
-    positions = np.concatenate([np.asarray(r.positions) for r in results])
-    accepted = np.concatenate([np.asarray(r.accepted_lengths) for r in results])
+    empty = [np.empty(0, dtype=np.int64)]
+    positions = np.concatenate([np.asarray(r.positions) for r in results] or empty)
+    accepted = np.concatenate([np.asarray(r.accepted_lengths) for r in results] or empty)
     buckets, rounds = [], []
     for start in range(0, n_new, bucket):
         in_bucket = (positions >= start) & (positions < start + bucket)
         buckets.append(float(accepted[in_bucket].mean()) if in_bucket.any() else float("nan"))
         rounds.append(int(in_bucket.sum()))
-    return float(accepted.mean()), buckets, rounds
+    return float(accepted.mean()) if accepted.size else float("nan"), buckets, rounds
 
 
-def tts_update_summary(results: list[Any], decode_seconds: float) -> dict[str, Any]:
+def acceptance_curve(results: Sequence[Any], bucket: int) -> tuple[list[float], list[float]]:
+    """The centres of the buckets that hold rounds, and their acceptance lengths (a plot's line)."""
+    end = max((int(max(r.positions)) + 1 for r in results if len(r.positions)), default=0)
+    _, means, rounds = acceptance_by_bucket(results, end, bucket)
+    kept = [index for index, count in enumerate(rounds) if count]
+    return [(index + 0.5) * bucket for index in kept], [means[index] for index in kept]
+
+
+def tts_update_summary(results: Sequence[Any], decode_seconds: float) -> dict[str, Any]:
     """TTS's update work, and the part of it on the critical path (barrier waits + weight
     publication) as a share of decode time; empty for methods that do not adapt a draft."""
     if "tts_updates" not in results[0].extras:
