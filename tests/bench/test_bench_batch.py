@@ -19,7 +19,7 @@ import racer_rs.engine.batch  # noqa: E402
 from racer_rs.bench.batch import interleaved  # noqa: E402
 from racer_rs.bench.prompts import Question  # noqa: E402
 from racer_rs.cli import main  # noqa: E402
-from tests.cli_models import write_tiny_model  # noqa: E402
+from tests.helpers import write_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -24,7 +24,7 @@ from racer_rs.bench.runner import INDEX_VARIANT, split_label, uses_index  # noqa
 from racer_rs.bench.workloads import FIRST_SAMPLE, REPEAT_SAMPLES, WORKLOADS, shape_questions  # noqa: E402
 from racer_rs.cli import main  # noqa: E402
 from racer_rs.errors import InvalidArgumentError  # noqa: E402
-from tests.cli_models import write_tiny_model  # noqa: E402
+from tests.helpers import write_tiny_model  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
 

@@ -21,7 +21,7 @@ import racer_rs.loading.models  # noqa: E402
 from racer_rs import Automaton  # noqa: E402
 from racer_rs.cli import main  # noqa: E402
 from racer_rs.drafters.index import forget_indexes  # noqa: E402
-from tests.cli_models import write_tiny_model  # noqa: E402
+from tests.helpers import write_tiny_model  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
 
