@@ -26,7 +26,7 @@ pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
 from racer_rs.autosize import batch as batch_sizing  # noqa: E402
-from racer_rs.autosize import sizer as tree_size  # noqa: E402
+from racer_rs.autosize import state as tree_size  # noqa: E402
 from racer_rs.autosize.batch import BatchCosts, best_batch_size, bucket_sizes, interpolated  # noqa: E402
 from racer_rs.autosize.cost_model import CostModel, synthetic_tree  # noqa: E402
 from racer_rs.autosize.sizer import Ranking, best_prefix_size  # noqa: E402
@@ -498,7 +498,7 @@ class FixedCosts:
 
 @pytest.fixture
 def forced_cost(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
-    """Fixed, frozen cost curves (batch size 1 through today's ``sizer.cost_model``) and a private
+    """Fixed, frozen cost curves (batch size 1 through today's ``state.cost_model``) and a private
     cache; ``force(per_batch)`` sets them."""
     monkeypatch.setenv("RACER_RS_CACHE", str(tmp_path))
     monkeypatch.setattr(tree_size, "_calibrations", {})

@@ -18,7 +18,7 @@ Cost curves (:class:`BatchCosts`) are **keyed by batch size**, not modelled over
 row reads its own KV prefix (memory traffic ``~ B x P``) and attends over it (``~ B x m x P``), so
 8 rows of 4 nodes do not cost what 1 row of 32 nodes does, most of all on accelerators, where a
 small forward is bound by reading weights and KV rather than by its token count. Batch size 1 is
-:func:`racer_rs.autosize.sizer.cost_model` itself (today's curve, measured with the single-request
+:func:`racer_rs.autosize.state.cost_model` itself (today's curve, measured with the single-request
 path, with its corrections); sizes 2, 4, 8, ... are measured with the real batched path
 (:class:`racer_rs.engine.batch_verifier.BatchVerifier`: padded trees, 4D masks, per-row
 positions) at the same two context lengths, sizes in between interpolated linearly in ``B``; every
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from racer_rs.autosize import sizer
+from racer_rs.autosize import state
 from racer_rs.autosize.cost_model import CURVE_CONTEXTS, CostModel, synthetic_tree
 from racer_rs.engine.verifier import vocab_size
 from racer_rs.errors import InvalidArgumentError
@@ -170,15 +170,15 @@ _batch_costs: dict[tuple[str, int], CostModel] = {}
 
 
 def _path(key: str, batch: int) -> Any:
-    return sizer._state_dir("cost") / f"{key}-b{batch}.json"
+    return state.state_dir("cost") / f"{key}-b{batch}.json"
 
 
 def _load(key: str, batch: int, max_size: int) -> CostModel | None:
     cached = _batch_costs.get((key, batch))
     if cached is None:
-        state = sizer._read_json(_path(key, batch))
+        stored = state.read_json(_path(key, batch))
         try:
-            cached = CostModel.from_state(state["cost"]) if state else None
+            cached = CostModel.from_state(stored["cost"]) if stored else None
         except (KeyError, ValueError):
             cached = None
     if cached is not None and cached.max_size < max_size:
@@ -189,7 +189,7 @@ def _load(key: str, batch: int, max_size: int) -> CostModel | None:
 class BatchCosts:
     """The batched step's cost for every batch size a shrinking batch goes through.
 
-    Batch size 1 is today's cost model (:func:`racer_rs.autosize.sizer.cost_model`); the powers of
+    Batch size 1 is today's cost model (:func:`racer_rs.autosize.state.cost_model`); the powers of
     two from 2 up to the first one ``>= batch`` are measured on first use (or read from the cache);
     sizes in between are interpolated linearly in the batch size, each with its own corrections.
 
@@ -201,9 +201,9 @@ class BatchCosts:
 
     def __init__(self, model: Any, max_capacity: int, batch: int) -> None:
         self.model = model
-        self.key = sizer.cost_key(model)
+        self.key = state.cost_key(model)
         self.max_capacity = max_capacity
-        self.models: dict[int, CostModel] = {1: sizer.cost_model(model, max_capacity)}
+        self.models: dict[int, CostModel] = {1: state.cost_model(model, max_capacity)}
         self.measured: dict[int, CostModel] = {}
         for size in bucket_sizes(batch):
             loaded = _load(self.key, size, max_capacity)
@@ -232,9 +232,9 @@ class BatchCosts:
         """Store every batch size's (corrected) cost model on disk; batch size 1 as today's."""
         for batch, model in self.models.items():
             if batch == 1:
-                sizer.save_cost_model(self.model, model)
+                state.save_cost_model(self.model, model)
             else:
-                sizer._write_json(_path(self.key, batch), {"cost": model.state(), "batch_size": batch})
+                state.write_json(_path(self.key, batch), {"cost": model.state(), "batch_size": batch})
 
 
 def batch_costs(model: Any, max_capacity: int, batch: int) -> BatchCosts:

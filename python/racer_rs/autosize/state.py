@@ -38,13 +38,13 @@ def model_key(model: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def _state_dir(kind: str) -> Path:
+def state_dir(kind: str) -> Path:
     from racer_rs.loading.gguf_cache import cache_root
 
     return cache_root() / "tree_size" / kind
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -52,7 +52,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("format") == STATE_FORMAT else None
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write atomically (temporary file, then rename); a failure only loses the cache."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,7 +96,7 @@ def cost_model(model: Any, max_capacity: int) -> CostModel:
     key = cost_key(model)
     cached = _costs.get(key)
     if cached is None:
-        state = _read_json(_state_dir("cost") / f"{key}.json")
+        state = read_json(state_dir("cost") / f"{key}.json")
         try:
             cached = CostModel.from_state(state["cost"]) if state else None
         except (KeyError, ValueError):
@@ -109,7 +109,7 @@ def cost_model(model: Any, max_capacity: int) -> CostModel:
 
 def save_cost_model(model: Any, cost: CostModel) -> None:
     """Store the (corrected) cost model on disk."""
-    _write_json(_state_dir("cost") / f"{cost_key(model)}.json", {"cost": cost.state()})
+    write_json(state_dir("cost") / f"{cost_key(model)}.json", {"cost": cost.state()})
 
 
 def calibration_key(model: Any, method: str, greedy: bool) -> str:
@@ -122,7 +122,7 @@ def load_calibration(key: str) -> EdgeCalibration:
     calibration = EdgeCalibration()
     state = _calibrations.get(key)
     if state is None:
-        stored = _read_json(_state_dir("calibration") / f"{key}.json")
+        stored = read_json(state_dir("calibration") / f"{key}.json")
         state = stored.get("calibration") if stored else None
     if state is not None:
         with contextlib.suppress(ValueError, KeyError, TypeError):  # a damaged state: the priors
@@ -133,4 +133,4 @@ def load_calibration(key: str) -> EdgeCalibration:
 def save_calibration(key: str, calibration: EdgeCalibration) -> None:
     """Keep a request's final calibration for the next request (in memory and on disk)."""
     _calibrations[key] = calibration.state()
-    _write_json(_state_dir("calibration") / f"{key}.json", {"calibration": _calibrations[key]})
+    write_json(state_dir("calibration") / f"{key}.json", {"calibration": _calibrations[key]})

@@ -89,12 +89,12 @@ class AutoBatchCapacity:
 
     def __init__(self, model: Any, method: str, greedy: bool, max_capacity: int, rows: int) -> None:
         from racer_rs.autosize import batch as batch_sizing
-        from racer_rs.autosize import sizer
+        from racer_rs.autosize import sizer, state
 
         started = time.perf_counter()
         self.limit = max_capacity
-        self.key = sizer.calibration_key(model, method, greedy)
-        self.calibration = sizer.load_calibration(self.key)
+        self.key = state.calibration_key(model, method, greedy)
+        self.calibration = state.load_calibration(self.key)
         self.costs = batch_sizing.batch_costs(model, max_capacity, rows)
         single = self.costs.for_batch(1)
         # One sizer per row for its ranking and statistics, all over the one shared calibration.
@@ -155,9 +155,9 @@ class AutoBatchCapacity:
 
     def save(self) -> None:
         """Store the calibration and every batch size's cost model for later requests."""
-        from racer_rs.autosize import sizer
+        from racer_rs.autosize import state
 
-        sizer.save_calibration(self.key, self.calibration)
+        state.save_calibration(self.key, self.calibration)
         self.costs.save()
 
 
