@@ -37,7 +37,7 @@ from racer_rs.bench.runner import (
     Record,
     Setting,
 )
-from racer_rs.bench.stats import Estimate
+from racer_rs.bench.stats import DISTURBED_RATIO, Estimate
 from racer_rs.errors import InvalidArgumentError
 
 #: Greedy decoding, the default setting.
@@ -232,6 +232,16 @@ class BenchResult:
             m: sum(1 for r in self.records if r.method == m and r.setting == name and r.mismatch and r.near_tie)
             for m in self.methods
         }
+
+    def disturbance_note(self, setting: Setting | str = GREEDY) -> str | None:
+        """A line saying how many prompts the speedups leave out as disturbed; None when none."""
+        metrics = self.metrics(BASELINE, setting)
+        if not metrics["disturbed"]:
+            return None
+        return (
+            f"speedups over ar leave out {metrics['disturbed']} of {metrics['requests']} prompt(s) as disturbed "
+            f"(ar's two runs differ by more than {DISTURBED_RATIO:g}x; NaN when every prompt was)"
+        )
 
     def table(self) -> str:
         """``racer bench``'s table of the summary."""
