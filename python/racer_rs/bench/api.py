@@ -22,9 +22,10 @@ import math
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
+from racer_rs._validate import capacity as capacity_rule
 from racer_rs.bench.prompts import Question, TokenPrompt
 from racer_rs.bench.report import OVERALL, estimate_of, format_table, summarise
 from racer_rs.bench.runner import (
@@ -39,6 +40,22 @@ from racer_rs.bench.runner import (
 )
 from racer_rs.bench.stats import DISTURBED_RATIO, Estimate
 from racer_rs.errors import InvalidArgumentError
+
+__all__ = [
+    "GREEDY",
+    "BenchResult",
+    "MethodSpec",
+    "Prompt",
+    "Record",
+    "Setting",
+    "TokenPrompt",
+    "as_prompt",
+    "method_runner",
+    "reproduce_command",
+    "run_methods",
+    "safe_div",
+    "timing_totals",
+]
 
 #: Greedy decoding, the default setting.
 GREEDY = Setting(0.0)
@@ -86,6 +103,13 @@ def method_runner(
         specs = {BASELINE: specs.get(BASELINE, MethodSpec(BASELINE))} | specs
     if not specs:
         raise InvalidArgumentError("no method to run")
+    capacity = capacity_rule("capacity", capacity)
+    specs = {
+        label: spec
+        if spec.capacity is None
+        else replace(spec, capacity=capacity_rule(f"{label}'s capacity", spec.capacity))
+        for label, spec in specs.items()
+    }
     assisted = [spec.options.get("draft_model") for spec in specs.values() if spec.method == "hf_assisted"]
     eos = [eos_token_id] if isinstance(eos_token_id, int) else None if eos_token_id is None else list(eos_token_id)
     config = BenchConfig(
@@ -149,8 +173,11 @@ def run_methods(
         phase: Called when a warm-up or a setting starts.
 
     Raises:
-        InvalidArgumentError: A bad method option (before any timing starts), or no method.
+        InvalidArgumentError: A bad method, method option or capacity (before any timing
+            starts), no method, or no prompt.
     """
+    if not prompts:
+        raise InvalidArgumentError("no prompt to run")
     runner = method_runner(
         model,
         tokenizer,
@@ -200,16 +227,48 @@ class BenchResult:
         records = list(runner.records)
         return cls(methods, list(runner.config.settings), records, summarise(records, methods), list(runner.skipped))
 
+    def _setting_name(self, setting: Setting | str) -> str:
+        """``setting``'s label, once it is known to be of this run."""
+        name = _setting_label(setting)
+        if name not in (s.label for s in self.settings):
+            known = ", ".join(s.label for s in self.settings)
+            raise InvalidArgumentError(f"no setting {name!r} in this run (settings: {known})")
+        return name
+
+    def _check(self, label: str, setting: Setting | str) -> str:
+        """``setting``'s label, once ``label`` and ``setting`` are known to be of this run."""
+        if label not in self.methods:
+            raise InvalidArgumentError(f"no method labelled {label!r} in this run (labels: {', '.join(self.methods)})")
+        return self._setting_name(setting)
+
     def of(self, label: str, setting: Setting | str = GREEDY) -> list[Record]:
         """The records of ``label`` in ``setting``, in run order. For ``ar``, its opening run of
         each prompt only: the closing one serves the disturbance check of the speedups, and
-        per-method sums stay comparable."""
-        name = _setting_label(setting)
+        per-method sums stay comparable.
+
+        Raises:
+            InvalidArgumentError: ``label`` or ``setting`` is not of this run.
+        """
+        name = self._check(label, setting)
         return [r for r in self.records if r.method == label and r.setting == name and r.ar_pass == 0]
 
     def metrics(self, label: str, setting: Setting | str = GREEDY, category: str = OVERALL) -> dict[str, Any]:
-        """The summary's metrics of ``label`` (:func:`racer_rs.bench.report.summarise`)."""
-        metrics: dict[str, Any] = self.summary[_setting_label(setting)][category][label]
+        """The summary's metrics of ``label`` (:func:`racer_rs.bench.report.summarise`).
+
+        Raises:
+            InvalidArgumentError: ``label``, ``setting`` or ``category`` is not of this run.
+        """
+        name = self._check(label, setting)
+        if name not in self.summary:
+            raise InvalidArgumentError(
+                f"setting {name!r} has no records (every prompt was skipped: {len(self.skipped)})"
+            )
+        by_category = self.summary[name]
+        if category not in by_category:
+            raise InvalidArgumentError(
+                f"no category {category!r} in setting {name!r} (categories: {', '.join(by_category)})"
+            )
+        metrics: dict[str, Any] = by_category[category][label]
         return metrics
 
     def speedup(self, label: str, setting: Setting | str = GREEDY, category: str = OVERALL) -> Estimate:
@@ -218,8 +277,12 @@ class BenchResult:
 
     def mismatches(self, setting: Setting | str = GREEDY) -> dict[str, int]:
         """Per label, its greedy outputs that differ from ``ar``'s where rounding does not
-        explain it (``ar`` itself: 0; every label 0 when sampling)."""
-        name = _setting_label(setting)
+        explain it (``ar`` itself: 0; every label 0 when sampling).
+
+        Raises:
+            InvalidArgumentError: ``setting`` is not of this run.
+        """
+        name = self._setting_name(setting)
         return {
             m: sum(1 for r in self.records if r.method == m and r.setting == name and r.real_mismatch)
             for m in self.methods
@@ -227,14 +290,17 @@ class BenchResult:
 
     def near_ties(self, setting: Setting | str = GREEDY) -> dict[str, int]:
         """Per label, its greedy outputs that part from ``ar``'s at a half-precision near-tie."""
-        name = _setting_label(setting)
+        name = self._setting_name(setting)
         return {
             m: sum(1 for r in self.records if r.method == m and r.setting == name and r.mismatch and r.near_tie)
             for m in self.methods
         }
 
     def disturbance_note(self, setting: Setting | str = GREEDY) -> str | None:
-        """A line saying how many prompts the speedups leave out as disturbed; None when none."""
+        """A line saying how many prompts the speedups leave out as disturbed; None when none
+        (or when ``ar`` did not run)."""
+        if BASELINE not in self.methods:
+            return None
         metrics = self.metrics(BASELINE, setting)
         if not metrics["disturbed"]:
             return None
