@@ -7,9 +7,11 @@ Three measurements on the same model:
    engine mixes), in each half dtype; its largest change in ulps of the logit row's largest
    magnitude backs ``racer_rs.bench.precision.NEAR_TIE_ULPS``;
 2. speed: greedy decoding with every method in float32 and bfloat16, for each thread count,
-   interleaved per question (dtype and method order rotate), tokens/s and the bf16/fp32 ratio;
-3. divergence: every bfloat16 method's greedy output against bfloat16 ``ar``; at each first
-   divergence the reference top-2 gap against the near-tie tolerance.
+   interleaved per question (the dtype order rotates; per dtype ``racer_rs.bench``'s runner:
+   ``ar`` first and last, the other methods in a rotating order), tokens/s and the bf16/fp32
+   ratio;
+3. divergence: every method's greedy output against ``ar``'s in the same dtype; at each first
+   divergence the reference top-2 gap against the near-tie tolerance (the runner's check).
 
 Example (the README's dtype table):
     python benches/bench_dtype.py --model smollm2-135m-instruct --threads 1 2
@@ -19,9 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -29,9 +28,11 @@ import torch
 
 import racer_rs
 from racer_rs.autosize.cost_model import synthetic_tree
+from racer_rs.bench.api import GREEDY, BenchResult, MethodSpec, method_runner, reproduce_command
 from racer_rs.bench.precision import divergence_gap, ulp
-from racer_rs.bench.prompting import encode_conversation
+from racer_rs.bench.prompting import first_turn
 from racer_rs.bench.prompts import load_benchmark
+from racer_rs.bench.runner import BASELINE, Record
 from racer_rs.engine.verifier import TreeVerifier
 from racer_rs.loading.models import load_model
 
@@ -70,6 +71,28 @@ def rounding_noise(model: Any, prompts: list[list[int]], positions: int) -> dict
     }
 
 
+def divergence(model: Any, dtype: str, record: Record, reference: Record) -> dict[str, Any] | None:
+    """Where a greedy output parts from ``ar``'s, with the reference top-2 gap and the near-tie
+    tolerance there (the runner measured them in half precision; measured here otherwise)."""
+    at = record.first_mismatch
+    if at is None or at >= min(len(record.tokens), len(reference.tokens)):
+        return None
+    gap, tolerance = record.tie_gap, record.tie_tolerance
+    if gap is None or tolerance is None:
+        gap, tolerance = divergence_gap(
+            model, reference.prompt_ids + reference.tokens[:at], reference.tokens[at], record.tokens[at]
+        )
+    return {
+        "dtype": dtype,
+        "method": record.method,
+        "question": record.question_id,
+        "category": record.category,
+        "position": at,
+        "gap": gap,
+        "tolerance": tolerance,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -88,12 +111,13 @@ def main() -> None:
     tokenizer = models["float32"][1]
     eos = tokenizer.eos_token_id
     questions = load_benchmark([args.data], args.limit)
-    prompts = [encode_conversation(tokenizer, q.turns[:1], []) for q in questions]
+    prompts = [first_turn(tokenizer, q) for q in questions]
     results: dict[str, Any] = {"model": args.model, "noise": {}, "speed": {}, "divergences": []}
 
     torch.set_num_threads(1)
     for dtype in ("bfloat16", "float16"):
-        results["noise"][dtype] = noise = rounding_noise(models[dtype][0], prompts, args.noise_positions)
+        noise = rounding_noise(models[dtype][0], [list(p.ids) for p in prompts], args.noise_positions)
+        results["noise"][dtype] = noise
         print(
             f"{dtype}: top-2 gap change, one-token vs 16-node tree forward, over {noise['positions']} positions: "
             f"max {noise['max_change']:.4f} ({noise['max_ulps']:.1f} ulps), median {noise['median_change']:.4f}, "
@@ -102,50 +126,35 @@ def main() -> None:
         )
     del models["float16"]
 
+    configs = {method: MethodSpec(method) for method in methods}
     for threads in args.threads:
         torch.set_num_threads(threads)
-        seconds = {(d, m): 0.0 for d in models for m in methods}
-        tokens = {(d, m): 0 for d in models for m in methods}
+        runners = {
+            dtype: method_runner(
+                model,
+                tokenizer,
+                configs,
+                max_new_tokens=args.max_new_tokens,
+                capacity=args.capacity,
+                eos_token_id=eos,
+                warmup=0,
+            )
+            for dtype, (model, _) in models.items()
+        }
+        drafters = {dtype: runner.build_drafters() for dtype, runner in runners.items()}
         for index, prompt in enumerate(prompts):
-            outputs: dict[tuple[str, str], list[int]] = {}
             dtypes = list(models)[index % 2 :] + list(models)[: index % 2]
             for dtype in dtypes:
-                for method in methods[index % len(methods) :] + methods[: index % len(methods)]:
-                    start = time.perf_counter()
-                    result = racer_rs.generate(
-                        models[dtype][0],
-                        prompt,
-                        method=method,
-                        max_new_tokens=args.max_new_tokens,
-                        eos_token_id=eos,
-                        capacity=args.capacity,
-                    )
-                    seconds[dtype, method] += time.perf_counter() - start
-                    tokens[dtype, method] += len(result.tokens)
-                    outputs[dtype, method] = result.tokens
-            if threads == args.threads[0]:
-                for dtype in models:
-                    reference = outputs[dtype, "ar"]
-                    for method in methods:
-                        mine = outputs[dtype, method]
-                        at = next((i for i, (a, b) in enumerate(zip(mine, reference, strict=False)) if a != b), None)
-                        if at is None:
-                            continue
-                        gap, tolerance = divergence_gap(
-                            models[dtype][0], prompt + reference[:at], reference[at], mine[at]
-                        )
-                        results["divergences"].append(
-                            {
-                                "dtype": dtype,
-                                "method": method,
-                                "question": questions[index].question_id,
-                                "category": questions[index].category,
-                                "position": at,
-                                "gap": gap,
-                                "tolerance": tolerance,
-                            }
-                        )
-        speed = {f"{d}/{m}": tokens[d, m] / seconds[d, m] for d in models for m in methods}
+                records = runners[dtype].run_question(index, prompt, GREEDY, drafters[dtype])
+                reference = next((r for r in records if r.method == BASELINE and r.ar_pass == 0), None)
+                if threads != args.threads[0] or reference is None:
+                    continue  # divergences are listed for the first thread count (and a skipped prompt has none)
+                for record in records:
+                    found = divergence(models[dtype][0], dtype, record, reference) if record.mismatch else None
+                    if found is not None:
+                        results["divergences"].append(found)
+        runs_of = {dtype: BenchResult.from_runner(runner) for dtype, runner in runners.items()}
+        speed = {f"{d}/{m}": runs_of[d].metrics(m)["tokens_per_s"] for d in models for m in methods}
         results["speed"][f"{threads}t"] = speed
         print(f"\n{threads} thread(s): tokens/s (greedy, prefill included)")
         for method in methods:
@@ -162,7 +171,7 @@ def main() -> None:
                 f"  {d['method']:16s} q{d['question']} ({d['category']}) token {d['position']}: "
                 f"gap {d['gap']:.4f}, tolerance {d['tolerance']:.4f}"
             )
-    print(f"\nmodel {args.model}; reproduce: python " + shlex.join(sys.argv))
+    print(f"\nmodel {args.model}; reproduce: {reproduce_command()}")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:
             json.dump(results, handle, indent=1)

@@ -3,9 +3,11 @@
 Runs the first ``--limit`` prompts of ``code_completion.jsonl`` and ``human_eval.jsonl`` (raw
 text, ``turns[0]``), up to 256 new tokens, greedy and sampling (temperature 0.8, top-p 0.95,
 seed = prompt index), and prints per method and setting: MAT, tokens/s (prefill included),
-decode tokens/s, speedup over ``ar`` from the same run, and the fraction of step time spent
-outside the target's forward pass. Methods run round-robin per prompt, so load from other
-processes hits them alike. Drafter state is per request (not persistent).
+decode tokens/s, speedup over ``ar`` (per request, geometric mean; ``racer_rs.bench.api``), and
+the fraction of step time spent outside the target's forward pass. Methods run interleaved per
+prompt (``ar`` first and last, the others in a rotating order), so load from other processes
+hits them alike; greedy outputs are checked against ``ar``'s. Drafter state is per request (not
+persistent).
 
 Example:
     python benches/bench_methods.py --limit 4 --out bench.json
@@ -15,72 +17,61 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from racer_rs.bench.api import BenchResult, MethodSpec, reproduce_command, run_methods, safe_div, timing_totals
+from racer_rs.bench.prompting import first_turn
+from racer_rs.bench.prompts import TokenPrompt, load_questions
+from racer_rs.bench.runner import Setting
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SHARED = REPO_ROOT  # the repository ships models/ and data/
-SETTINGS: dict[str, dict[str, Any]] = {
-    "greedy": {"temperature": 0.0},
-    "sampling": {"temperature": 0.8, "top_p": 0.95},
+SETTINGS: dict[str, Setting] = {
+    "greedy": Setting(0.0),
+    "sampling": Setting(0.8, top_p=0.95),
 }
 
 
-@dataclass
-class Tally:
-    """Accumulated results of one method configuration in one setting."""
-
-    tokens: int = 0
-    steps: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
-    tree_nodes: float = 0.0
-
-    def add(self, result: Any) -> None:
-        self.tokens += len(result.tokens)
-        self.steps += result.steps
-        self.tree_nodes += result.extras["mean_tree_size"] * result.steps
-        for key, value in result.timings.items():
-            self.timings[key] = self.timings.get(key, 0.0) + value
-
-    def summary(self, ar_seconds: float | None) -> dict[str, float]:
-        total = self.timings["total"]
-        step_time = self.timings["draft"] + self.timings["verify"] + self.timings["bookkeeping"]
-        return {
-            "tokens": self.tokens,
-            "steps": self.steps,
-            "mat": self.tokens / self.steps,
-            "mean_tree_size": self.tree_nodes / self.steps,
-            "tokens_per_s": self.tokens / total,
-            "decode_tokens_per_s": self.tokens / (total - self.timings["prefill"]),
-            "speedup_vs_ar": (ar_seconds / total) if ar_seconds else float("nan"),
-            "outside_forward": (step_time - self.timings["forward"]) / step_time,
-            "seconds": total,
-            "prefill_seconds": self.timings["prefill"],
-        }
+def row(result: BenchResult, label: str, setting: Setting) -> dict[str, float]:
+    """One method's figures in one setting, pooled over the prompts (the engine's timings)."""
+    records = result.of(label, setting)
+    timings = timing_totals(records)
+    tokens = sum(r.new_tokens for r in records)
+    steps = sum(r.steps for r in records)
+    total = timings["total"]
+    step_time = timings["draft"] + timings["verify"] + timings["bookkeeping"]
+    return {
+        "tokens": tokens,
+        "steps": steps,
+        "mat": safe_div(tokens, steps),
+        "mean_tree_size": safe_div(sum(r.verified_nodes for r in records), steps),
+        "tokens_per_s": safe_div(tokens, total),
+        "decode_tokens_per_s": safe_div(tokens, total - timings["prefill"]),
+        "speedup_vs_ar": result.speedup(label, setting).value,
+        "outside_forward": safe_div(step_time - timings["forward"], step_time),
+        "seconds": total,
+        "prefill_seconds": timings["prefill"],
+    }
 
 
-def load_prompts(data_dir: Path, limit: int, tokenizer: Any) -> list[tuple[str, list[int]]]:
+def load_prompts(data_dir: Path, limit: int, tokenizer: Any) -> list[TokenPrompt]:
     """The first ``limit`` prompts of each dataset, tokenized from their raw text."""
     prompts = []
     for name in ("code_completion", "human_eval"):
-        with (data_dir / f"{name}.jsonl").open() as handle:
-            for index, line in zip(range(limit), handle, strict=False):
-                prompts.append((f"{name}/{index}", tokenizer(json.loads(line)["turns"][0])["input_ids"]))
+        questions = load_questions(data_dir / f"{name}.jsonl")[:limit]
+        prompts += [first_turn(tokenizer, question, raw=True, category=name) for question in questions]
     return prompts
 
 
-def method_configs(methods: list[str], capacities: list[int], default_capacity: int) -> list[tuple[str, str, int]]:
-    """``(label, method, capacity)`` for every run; racer gets one run per capacity."""
-    configs = []
+def method_configs(methods: list[str], capacities: list[int], default_capacity: int) -> dict[str, MethodSpec]:
+    """Label -> configuration for every run; racer and racer_scored get one run per capacity."""
+    configs = {}
     for method in methods:
         swept = method in ("racer", "racer_scored")
         for capacity in capacities if swept else [default_capacity]:
-            label = f"{method}@{capacity}" if swept else method
-            configs.append((label, method, capacity))
+            configs[f"{method}@{capacity}" if swept else method] = MethodSpec(method, capacity=capacity)
     return configs
 
 
@@ -116,8 +107,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import racer_rs
-
     torch.set_num_threads(args.threads)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -126,30 +115,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "ar" not in methods:
         methods.insert(0, "ar")
     configs = method_configs(methods, [int(c) for c in args.capacities.split(",")], args.capacity)
-    for _, method, capacity in configs:  # warm-up (allocations, lazy imports)
-        racer_rs.generate(model, prompts[0][1][:64], method=method, capacity=capacity, max_new_tokens=16)
+    settings = [SETTINGS[name] for name in args.settings.split(",")]
 
-    command = " ".join(shlex.quote(part) for part in [sys.executable, *sys.argv])
+    command = reproduce_command()
     report: dict[str, Any] = {"command": command, "state": "per-request", "threads": args.threads, "settings": {}}
     started = time.perf_counter()
-    for setting in args.settings.split(","):
-        tallies = {label: Tally() for label, _, _ in configs}
-        for index, (_, prompt) in enumerate(prompts):
-            for label, method, capacity in configs:
-                result = racer_rs.generate(
-                    model,
-                    prompt,
-                    method=method,
-                    capacity=capacity,
-                    max_new_tokens=args.max_new_tokens,
-                    seed=index,
-                    **SETTINGS[setting],
-                )
-                tallies[label].add(result)
-        ar_seconds = tallies["ar"].timings["total"]
-        rows = {label: tally.summary(ar_seconds) for label, tally in tallies.items()}
-        report["settings"][setting] = rows
-        print_table(setting, rows)
+    # No end-of-sequence id: every answer runs to --max-new-tokens.
+    result = run_methods(model, tokenizer, configs, prompts, settings=settings, max_new_tokens=args.max_new_tokens)
+    for name, setting in zip(args.settings.split(","), settings, strict=True):
+        rows = {label: row(result, label, setting) for label in result.methods}
+        report["settings"][name] = rows
+        print_table(name, rows)
+        note = result.disturbance_note(setting)
+        if note:
+            print(note)
+        mismatches = {label: n for label, n in result.mismatches(setting).items() if n}
+        if mismatches:
+            print(f"greedy outputs that differ from ar's: {mismatches}")
     print(
         f"\n{len(prompts)} prompts ({args.limit} per dataset), max {args.max_new_tokens} new tokens, "
         f"{args.threads} torch thread(s), per-request drafter state, {time.perf_counter() - started:.0f}s"

@@ -6,8 +6,9 @@ Target ``qwen2.5-coder-1.5b-instruct`` (22 part packages), draft ``qwen2.5-coder
 template, first turn). Each prompt is continued for exactly ``--max-new-tokens`` tokens (the
 end-of-turn token does not stop generation unless ``--stop-at-eos``; where ``ar``'s answer ends
 early is reported), so every method decodes the same length and late buckets have samples.
-Methods run round-robin per prompt, so load from other processes hits them alike; sampling uses
-the same seed per prompt for every method.
+Methods run interleaved per prompt (``ar`` first and last, the others in a rotating order;
+``racer_rs.bench.api``), so load from other processes hits them alike; sampling uses the same
+seed per prompt for every method.
 
 Methods (labels; ``--methods`` selects; ``ar`` always runs):
 
@@ -21,7 +22,8 @@ Methods (labels; ``--methods`` selects; ``ar`` always runs):
 
 Reported per temperature (greedy, and T=0.8 / top-p 0.95 by default): acceptance length per
 ``--bucket``-position bucket (tokens committed by the rounds starting in the bucket / those
-rounds, pooled over prompts; ``position_buckets.py``), MAT, tokens/s and speedup over ``ar``, and
+rounds, pooled over prompts; ``racer_rs.bench.position_buckets``), MAT, tokens/s and speedup
+over ``ar`` (per prompt, geometric mean), and
 what a round costs: the draft's ms per drafted token, the target's verification ms per round,
 ``ar``'s ms per token, and the *break-even accepted length* L* = (ms per round) / (``ar``'s ms per
 token): a method beats ``ar`` exactly when its MAT exceeds L*. Where it does not, the report says by
@@ -45,7 +47,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -54,9 +55,11 @@ from typing import Any
 import torch
 
 import racer_rs
-from racer_rs.bench.position_buckets import acceptance_by_bucket, plot_acceptance, tts_update_summary
-from racer_rs.bench.prompting import encode_conversation
-from racer_rs.bench.prompts import load_questions
+from racer_rs.bench.api import MethodSpec, reproduce_command, run_methods, safe_div
+from racer_rs.bench.position_buckets import long_generation_row, plot_acceptance
+from racer_rs.bench.prompting import first_turn
+from racer_rs.bench.prompts import TokenPrompt, load_questions
+from racer_rs.bench.runner import Record, Setting
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -94,47 +97,42 @@ def method_table(args: argparse.Namespace, trainable: str | list[str]) -> dict[s
     return {label: table[label] for label in ["ar", *[m for m in selected if m != "ar"]]}
 
 
-def load_prompts(tokenizer: Any, limit: int) -> list[tuple[str, list[int]]]:
+def specs(methods: dict[str, tuple[str, bool, dict[str, Any]]], draft: Any, canvas: int) -> dict[str, MethodSpec]:
+    """The run's configurations: the draft put in where a label uses it, capacity canvas + 1 unless given."""
+    configs = {}
+    for label, (method, uses_draft, options) in methods.items():
+        options = dict(options)
+        capacity = options.pop("capacity", canvas + 1)
+        if uses_draft:
+            options["draft_model"] = draft
+        configs[label] = MethodSpec(method, options, capacity)
+    return configs
+
+
+def load_prompts(tokenizer: Any, limit: int) -> list[TokenPrompt]:
+    """The first ``limit`` long_code tasks, their first turn only."""
     questions = load_questions(ROOT / "data" / "long_code.jsonl")[:limit]
-    return [(str(q.question_id), encode_conversation(tokenizer, [q.turns[0]], [])) for q in questions]
+    return [first_turn(tokenizer, q) for q in questions]
 
 
-def summarise(
-    label: str, results: list[Any], args: argparse.Namespace, ar_seconds: float, ar_ms_per_token: float, drafts: bool
+def row(
+    label: str, records: list[Record], args: argparse.Namespace, speedup: float, ar_ms_per_token: float, drafts: bool
 ) -> dict[str, Any]:
-    mat, buckets, rounds = acceptance_by_bucket(results, args.max_new_tokens, args.bucket)
-    n_rounds = sum(len(r.accepted_lengths) for r in results)
-    seconds = sum(r.timings["total"] for r in results)
-    decode = sum(r.timings["total"] - r.timings["prefill"] for r in results)
-    tokens = sum(len(r.tokens) for r in results)
-    ms_per_round = 1000 * decode / n_rounds
-    break_even = ms_per_round / ar_ms_per_token
-    row = {
-        "method": label,
-        "mat": mat,
-        "buckets": buckets,
-        "bucket_rounds": rounds,
-        "seconds": seconds,
-        "tokens_per_s": tokens / seconds,
-        "speedup": ar_seconds / seconds,
-        "ms_per_round": ms_per_round,
-        "verify_ms_per_round": 1000 * sum(r.timings["verify"] for r in results) / n_rounds,
-        "draft_ms_per_round": 1000 * sum(r.timings["draft"] for r in results) / n_rounds,
-        # The canvas is cut only near the end of a request; canvas tokens per round is close enough.
-        "draft_ms_per_token": 1000 * sum(r.timings["draft"] for r in results) / (n_rounds * args.canvas)
-        if drafts
-        else 0.0,
-        "break_even": break_even,
-        "pays": mat > break_even,
-    }
-    return row | tts_update_summary(results, decode)
+    """One method's row, with what a drafted token costs and the break-even accepted length."""
+    row = long_generation_row(label, records, args.max_new_tokens, speedup, args.bucket)
+    n_rounds = sum(len(r.accepted_lengths) for r in records)
+    # The canvas is cut only near the end of a request; canvas tokens per round is close enough.
+    row["draft_ms_per_token"] = safe_div(1000 * row["draft_s"], n_rounds * args.canvas) if drafts else 0.0
+    row["break_even"] = row["ms_per_round"] / ar_ms_per_token
+    row["pays"] = row["mat"] > row["break_even"]
+    return row
 
 
 def print_table(rows: list[dict[str, Any]], temperature: float, args: argparse.Namespace, ar_ms: float) -> None:
     n_buckets = len(rows[0]["buckets"])
     setting = "greedy" if temperature == 0 else f"T={temperature:g} / top-p {args.top_p:g}"
     print(f"\n== {setting}: acceptance length per {args.bucket}-position bucket (round start), pooled over prompts")
-    print(f"reproduce: {reproduce(args, temperatures=f'{temperature:g}')}")
+    print(f"reproduce: {reproduce_command(temperatures=f'{temperature:g}')}")
     print(
         f"{'method':12s} {'MAT':>5s} {'tok/s':>6s} {'vs ar':>6s} {'draft ms/tok':>12s} {'verify ms/rnd':>13s} "
         f"{'ms/rnd':>7s} {'L*':>5s} " + " ".join(f"{i * args.bucket:>6d}" for i in range(n_buckets))
@@ -177,22 +175,6 @@ def print_table(rows: list[dict[str, Any]], temperature: float, args: argparse.N
                 print(f"{label}: last-bucket acceptance / static draft = {ratio:.2f}x")
 
 
-def reproduce(args: argparse.Namespace, **override: str) -> str:
-    """The command line of this run, with some options replaced."""
-    argv = list(sys.argv[1:])
-    for option, value in override.items():
-        flag = "--" + option.replace("_", "-")
-        if flag in argv:
-            index = argv.index(flag)
-            end = index + 1
-            while end < len(argv) and not argv[end].startswith("--"):
-                end += 1
-            argv[index:end] = [flag, value]
-        else:
-            argv += [flag, value]
-    return "python benches/bench_qwen_pair.py " + shlex.join(argv)
-
-
 def forward_cost(args: argparse.Namespace) -> None:
     from racer_rs.autosize.cost_model import measure_forward_cost
 
@@ -211,7 +193,7 @@ def forward_cost(args: argparse.Namespace) -> None:
         f"\n== {TARGET}: one verification forward of n tree tokens at a {args.context}-token context, "
         f"ms (t(n)/t(1)), median of {args.rounds} rounds"
     )
-    print(f"reproduce: {reproduce(args)}")
+    print(f"reproduce: {reproduce_command()}")
     print(f"{'n':>4s} " + " ".join(f"{key:>18s}" for key in curves))
     for n in sizes:
         cells = []
@@ -219,7 +201,7 @@ def forward_cost(args: argparse.Namespace) -> None:
             cells.append(f"{1000 * cost[n]:9.1f} ({cost[n] / cost[min(cost)]:5.2f})")
         print(f"{n:4d} " + " ".join(f"{c:>18s}" for c in cells))
     args.out.mkdir(parents=True, exist_ok=True)
-    payload = {"command": sys.argv, "model": TARGET, "context": args.context, "curves": curves}
+    payload = {"command": reproduce_command(), "model": TARGET, "context": args.context, "curves": curves}
     (args.out / "qwen_forward_cost.json").write_text(json.dumps(payload, indent=1))
     print(f"wrote {args.out / 'qwen_forward_cost.json'}")
 
@@ -251,7 +233,7 @@ def main() -> None:
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "benches" / "out")
     args = parser.parse_args()
-    print("reproduce: python benches/bench_qwen_pair.py " + shlex.join(sys.argv[1:]), flush=True)
+    print(f"reproduce: {reproduce_command()}", flush=True)
     if args.forward_cost:
         forward_cost(args)
         return
@@ -277,47 +259,50 @@ def main() -> None:
         flush=True,
     )
 
-    def run(prompt: list[int], label: str, temperature: float, seed: int, n: int) -> Any:
-        method, uses_draft, options = methods[label]
-        options = dict(options)
-        capacity = options.pop("capacity", args.canvas + 1)
-        if uses_draft:
-            options["draft_model"] = draft
-        sampling = {"temperature": temperature, "top_p": args.top_p, "seed": seed} if temperature > 0 else {}
-        return racer_rs.generate(
-            target, prompt, method=method, max_new_tokens=n, capacity=capacity, eos_token_id=eos, **sampling, **options
+    def progress(record: Record) -> None:
+        print(
+            f"{record.setting} task {record.question_id} ({record.prompt_tokens} tok) {record.method:12s} "
+            f"{record.wall_s:7.1f}s MAT {record.mat:.2f}",
+            flush=True,
         )
+        if record.method == "ar" and record.ar_pass == 1 and tokenizer.eos_token_id in record.tokens:
+            end = record.tokens.index(tokenizer.eos_token_id) + 1
+            print(f"  task {record.question_id}: ar's answer ends (end of turn) at token {end}")
 
-    warm = "tts_S1" if "tts_S1" in methods else "ar"
-    run(prompts[0][1][:32], warm, 0.0, 0, 4)  # warm-up
-    payload: dict[str, Any] = {"command": sys.argv, "threads": args.threads[0], "prompts": len(prompts), "runs": {}}
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    settings = [Setting(t, args.top_p) if t > 0 else Setting(0.0) for t in temperatures]
+    result = run_methods(
+        target,
+        tokenizer,
+        specs(methods, draft, args.canvas),
+        prompts,
+        settings=settings,
+        max_new_tokens=args.max_new_tokens,
+        seed=1000,
+        eos_token_id=eos,
+        progress=progress,
+    )
+    payload: dict[str, Any] = {
+        "command": reproduce_command(),
+        "threads": args.threads[0],
+        "prompts": len(prompts),
+        "runs": {},
+    }
     greedy_mismatches = 0
-    for temperature in [float(t) for t in args.temperatures.split(",")]:
-        results: dict[str, list[Any]] = {label: [] for label in methods}
-        mismatches = dict.fromkeys(methods, 0)
-        for index, (task, prompt) in enumerate(prompts):
-            for label in methods:
-                start = time.perf_counter()
-                result = run(prompt, label, temperature, 1000 + index, args.max_new_tokens)
-                results[label].append(result)
-                if temperature == 0 and result.tokens != results["ar"][index].tokens:
-                    mismatches[label] += 1
-                print(
-                    f"T={temperature:g} task {task} ({len(prompt)} tok) {label:12s} "
-                    f"{time.perf_counter() - start:7.1f}s MAT {result.mat:.2f}",
-                    flush=True,
-                )
-            ar_tokens = results["ar"][index].tokens
-            if tokenizer.eos_token_id in ar_tokens:
-                end = ar_tokens.index(tokenizer.eos_token_id) + 1
-                print(f"  task {task}: ar's answer ends (end of turn) at token {end}")
-        ar = results["ar"]
-        ar_seconds = sum(r.timings["total"] for r in ar)
-        ar_ms = (
-            1000 * sum(r.timings["total"] - r.timings["prefill"] for r in ar) / sum(len(r.accepted_lengths) for r in ar)
+    for temperature, setting in zip(temperatures, settings, strict=True):
+        ar = result.of("ar", setting)
+        ar_ms = safe_div(
+            1000 * sum(r.timings["total"] - r.timings["prefill"] for r in ar), sum(len(r.accepted_lengths) for r in ar)
         )
-        rows = [summarise(label, res, args, ar_seconds, ar_ms, methods[label][1]) for label, res in results.items()]
+        rows = [
+            row(label, result.of(label, setting), args, result.speedup(label, setting).value, ar_ms, methods[label][1])
+            for label in result.methods
+        ]
         print_table(rows, temperature, args, ar_ms)
+        note = result.disturbance_note(setting)
+        if note:
+            print(note)
+        mismatches = result.mismatches(setting)
         if temperature == 0:
             print("greedy mismatches vs ar:", mismatches)
             greedy_mismatches += sum(mismatches.values())

@@ -5,7 +5,8 @@ roleplay and summarization (``data/spec_bench.jsonl``, first turn, chat template
 continued for exactly ``--max-new-tokens`` tokens (>= 768 for the issue's measurement): the
 end-of-turn token does not stop generation, so every method decodes the same length and late
 position buckets have samples. Greedy, then T=0.8 / top-p 0.95 (``--temperatures``); methods run
-round-robin per prompt so load from other processes hits them alike; sampling uses the same seed
+interleaved per prompt (``ar`` first and last, the others in a rotating order;
+``racer_rs.bench.api``) so load from other processes hits them alike; sampling uses the same seed
 per prompt for every method.
 
 Methods (labels; ``--methods`` selects):
@@ -21,11 +22,12 @@ Methods (labels; ``--methods`` selects):
 
 Reported per temperature and method: acceptance length per 128-position bucket (tokens committed
 by the rounds starting in the bucket / those rounds, pooled over prompts, with the bucket's round
-count), MAT, tokens/s and speedup over ``ar``, the draft's ms per round, and for TTS the update
-work on the critical path (barrier waits + weight publication) as a share of decode time. Then
-the goals: last-bucket ``tts`` / ``distilled`` acceptance (>= 1.3x), critical share (< 10%),
-``racer_tts`` vs the faster of ``racer`` and the best ``tts``. ``--head-timing`` also times one
-draft forward per token with the full and the reduced head. Writes ``self_draft_results.json``
+count), MAT, tokens/s and speedup over ``ar`` (per prompt, geometric mean), the draft's ms per
+round, and for TTS the update work on the critical path (barrier waits + weight publication) as
+a share of decode time. Then the goals: last-bucket ``tts`` / ``distilled`` acceptance
+(>= 1.3x), critical share (< 10%), ``racer_tts`` vs the faster of ``racer`` and the best
+``tts``. ``--head-timing`` also times one draft forward per token with the full and the reduced
+head. Writes ``self_draft_results.json``
 (and a plot per temperature) to ``--out``. Example (the smoke run):
 
     python benches/bench_self_draft.py --checkpoint /tmp/sd4 --per-category 1 --max-new-tokens 64 \\
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -46,9 +47,11 @@ import numpy as np
 import torch
 
 import racer_rs
-from racer_rs.bench.position_buckets import BUCKET, acceptance_by_bucket, plot_acceptance, tts_update_summary
-from racer_rs.bench.prompting import encode_conversation
-from racer_rs.bench.prompts import load_questions
+from racer_rs.bench.api import MethodSpec, reproduce_command, run_methods
+from racer_rs.bench.position_buckets import BUCKET, long_generation_row, plot_acceptance
+from racer_rs.bench.prompting import first_turn
+from racer_rs.bench.prompts import TokenPrompt, load_questions
+from racer_rs.bench.runner import Record, Setting
 
 ROOT = Path(__file__).resolve().parents[1]
 CATEGORIES = ("writing", "roleplay", "summarization")
@@ -86,6 +89,18 @@ def method_table(args: argparse.Namespace) -> dict[str, tuple[str, str | None, d
     return {label: table[label] for label in ["ar", *[m for m in selected if m != "ar"]]}
 
 
+def specs(methods: dict[str, tuple[str, str | None, dict[str, Any]]], drafts: dict[str, Any]) -> dict[str, MethodSpec]:
+    """The run's configurations: each label's draft put in, capacity 64 unless given."""
+    configs = {}
+    for label, (method, key, options) in methods.items():
+        options = dict(options)
+        capacity = options.pop("capacity", 64)
+        if key is not None:
+            options["draft_model"] = drafts[key]
+        configs[label] = MethodSpec(method, options, capacity)
+    return configs
+
+
 def build_drafts(target: Any, checkpoint: Path, needed: set[str]) -> dict[str, Any]:
     """The drafts the selected methods use (built once, shared by every prompt)."""
     from racer_rs.selfdraft.model import self_draft
@@ -102,32 +117,22 @@ def build_drafts(target: Any, checkpoint: Path, needed: set[str]) -> dict[str, A
     return drafts
 
 
-def load_prompts(tokenizer: Any, per_category: int) -> list[tuple[str, list[int]]]:
+def load_prompts(tokenizer: Any, per_category: int) -> list[TokenPrompt]:
+    """The first ``per_category`` questions of each category, their first turn only."""
     questions = load_questions(ROOT / "data" / "spec_bench.jsonl")
     prompts = []
     for category in CATEGORIES:
         chosen = [q for q in questions if q.subcategory == category][:per_category]
-        prompts += [(category, encode_conversation(tokenizer, [q.turns[0]], [])) for q in chosen]
+        prompts += [first_turn(tokenizer, q, category=category) for q in chosen]
     return prompts
 
 
-def summarise(label: str, results: list[Any], n_new: int, ar_seconds: float) -> dict[str, Any]:
-    mat, buckets, rounds = acceptance_by_bucket(results, n_new)
-    n_rounds = sum(len(r.accepted_lengths) for r in results)
-    seconds = sum(r.timings["total"] for r in results)
-    decode = sum(r.timings["total"] - r.timings["prefill"] for r in results)
-    tokens = sum(len(r.tokens) for r in results)
-    return {
-        "method": label,
-        "mat": mat,
-        "buckets": buckets,
-        "bucket_rounds": rounds,
-        "seconds": seconds,
-        "tokens_per_s": tokens / seconds,
-        "speedup": ar_seconds / seconds,
-        "draft_ms_per_round": 1000 * sum(r.timings["draft"] for r in results) / n_rounds,
-        "ms_per_round": 1000 * decode / n_rounds,
-    } | tts_update_summary(results, decode)
+def progress(record: Record) -> None:
+    print(
+        f"{record.setting} prompt {record.question_index} ({record.category}, {record.prompt_tokens} tok) "
+        f"{record.method:20s} {record.wall_s:7.2f}s MAT {record.mat:.2f}",
+        flush=True,
+    )
 
 
 def head_timing(target: Any, drafts: dict[str, Any], repeats: int = 50) -> dict[str, float]:
@@ -216,7 +221,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benches" / "out")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print("reproduce: python " + " ".join(shlex.quote(a) for a in sys.argv), flush=True)
+    command = reproduce_command()
+    print(f"reproduce: {command}", flush=True)
 
     target, tokenizer = racer_rs.load_model("smollm2-135m-instruct", dtype="float32", device="cpu")
     methods = method_table(args)
@@ -236,41 +242,35 @@ def main() -> None:
             "draft forward ms per token:", {k: round(v, 2) for k, v in head_timing(target, drafts).items()}, flush=True
         )
 
-    def run(prompt: list[int], label: str, temperature: float, seed: int, n: int) -> Any:
-        method, key, options = methods[label]
-        options = dict(options)
-        capacity = options.pop("capacity", 64)
-        if key is not None:
-            options["draft_model"] = drafts[key]
-        sampling = {"temperature": temperature, "top_p": args.top_p, "seed": seed} if temperature > 0 else {}
-        return racer_rs.generate(
-            target, prompt, method=method, max_new_tokens=n, capacity=capacity, **sampling, **options
-        )
-
-    run(prompts[0][1][:32], "tts_S1" if "tts_S1" in methods else "ar", 0.0, 0, 8)  # warm-up
-    payload: dict[str, Any] = {"command": sys.argv, "threads": args.threads, "prompts": len(prompts), "runs": {}}
-    for temperature in temperatures:
-        results: dict[str, list[Any]] = {label: [] for label in methods}
-        mismatches = dict.fromkeys(methods, 0)
-        for index, (category, prompt) in enumerate(prompts):
-            for label in methods:
-                start = time.perf_counter()
-                result = run(prompt, label, temperature, 1000 + index, args.max_new_tokens)
-                results[label].append(result)
-                if temperature == 0 and result.tokens != results["ar"][index].tokens:
-                    mismatches[label] += 1
-                print(
-                    f"T={temperature:g} prompt {index} ({category}, {len(prompt)} tok) {label:20s} "
-                    f"{time.perf_counter() - start:7.2f}s MAT {result.mat:.2f}",
-                    flush=True,
-                )
-        ar_seconds = sum(r.timings["total"] for r in results["ar"])
-        rows = [summarise(label, res, args.max_new_tokens, ar_seconds) for label, res in results.items()]
+    settings = [Setting(t, args.top_p) if t > 0 else Setting(0.0) for t in temperatures]
+    # No end-of-sequence id: every answer runs to --max-new-tokens.
+    result = run_methods(
+        target,
+        tokenizer,
+        specs(methods, drafts),
+        prompts,
+        settings=settings,
+        max_new_tokens=args.max_new_tokens,
+        seed=1000,
+        progress=progress,
+    )
+    payload: dict[str, Any] = {"command": command, "threads": args.threads, "prompts": len(prompts), "runs": {}}
+    for temperature, setting in zip(temperatures, settings, strict=True):
+        rows = [
+            long_generation_row(
+                label, result.of(label, setting), args.max_new_tokens, result.speedup(label, setting).value
+            )
+            for label in result.methods
+        ]
         print_table(rows, temperature)
+        note = result.disturbance_note(setting)
+        if note:
+            print(note)
         if kept is not None:
-            produced = np.concatenate([np.asarray(r.tokens) for r in results["ar"]])
+            produced = np.concatenate([np.asarray(r.tokens) for r in result.of("ar", setting)])
             coverage = float(np.isin(produced, kept.numpy()).mean())
             print(f"reduced vocabulary covers {100 * coverage:.1f}% of the tokens ar produced")
+        mismatches = result.mismatches(setting)
         if temperature == 0:
             print("greedy mismatches vs ar:", mismatches)
         payload["runs"][f"T={temperature:g}"] = {"rows": rows, "mismatches": mismatches if temperature == 0 else None}

@@ -5,14 +5,16 @@ from the repository's ``models/``; prompts are the first ``--limit`` rows of
 ``code_completion.jsonl`` (``turns[0]``, cut to their last ``--max-prompt-tokens`` tokens).
 Each prompt is completed greedily for ``--max-new-tokens`` (>= 1024) tokens by ``ar``,
 ``draft_model``, ``tts`` with S = 1, 5, 10 (async), ``tts`` S = 5 sync, and ``racer_tts``
-(S = 5); methods run round-robin per prompt so load from other processes hits them alike.
+(S = 5); methods run interleaved per prompt (``ar`` first and last, the others in a rotating
+order; ``racer_rs.bench.api``) so load from other processes hits them alike.
 
 Reported per method: acceptance length per 128-token bucket of generation position (tokens
 committed by the rounds starting in the bucket / those rounds, pooled over prompts), overall
-MAT, wall-clock seconds and speedup over ``ar``, and for TTS the update time, the part of it on
-the critical path (time blocked at barriers + weight publication) as a fraction of decode time,
-and the number of updates. Every method's tokens are checked against ``ar``'s (greedy must match).
-Writes ``tts_acceptance.png`` and ``tts_results.json`` to ``--out``. Run:
+MAT, wall-clock seconds and speedup over ``ar`` (per prompt, geometric mean), and for TTS the
+update time, the part of it on the critical path (time blocked at barriers + weight
+publication) as a fraction of decode time, and the number of updates. Every method's tokens
+are checked against ``ar``'s (greedy must match). Writes ``tts_acceptance.png`` and
+``tts_results.json`` to ``--out``. Run:
 
     python benches/bench_tts.py [--limit 3] [--max-new-tokens 1024] [--threads 1] [--out benches/out]
 """
@@ -21,23 +23,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-import racer_rs
-from racer_rs.bench.position_buckets import BUCKET, acceptance_by_bucket, plot_acceptance, tts_update_summary
+from racer_rs.bench.api import MethodSpec, reproduce_command, run_methods
+from racer_rs.bench.position_buckets import BUCKET, long_generation_row, plot_acceptance
+from racer_rs.bench.prompting import first_turn
+from racer_rs.bench.prompts import TokenPrompt, load_questions
+from racer_rs.bench.runner import Record
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT  # the repository ships models/ and data/
+DRAFTED = ("draft_model", "tts", "racer_tts")
 
 
-def method_table(args: argparse.Namespace) -> dict[str, tuple[str, dict[str, Any]]]:
-    """Label -> (method, options); the draft model is added at run time."""
+def method_table(args: argparse.Namespace, draft: Any) -> dict[str, MethodSpec]:
+    """Label -> configuration (capacity 64 unless given)."""
     tts = {"canvas": args.canvas, "lr": args.lr, "lam": args.lam}
     table: dict[str, tuple[str, dict[str, Any]]] = {
         "ar": ("ar", {}),
@@ -53,37 +57,29 @@ def method_table(args: argparse.Namespace) -> dict[str, tuple[str, dict[str, Any
     unknown = [m for m in selected if m not in table]
     if unknown:
         sys.exit(f"unknown --methods {unknown}; choose from {list(table)}")
-    return {label: table[label] for label in ["ar", *[m for m in selected if m != "ar"]]}
+    specs = {}
+    for label in ["ar", *[m for m in selected if m != "ar"]]:
+        method, options = table[label]
+        options = dict(options)
+        capacity = options.pop("capacity", 64)
+        if method in DRAFTED:
+            options["draft_model"] = draft
+        specs[label] = MethodSpec(method, options, capacity)
+    return specs
 
 
-def load_prompts(tokenizer: Any, limit: int, max_prompt_tokens: int) -> list[list[int]]:
-    rows = [json.loads(line) for line in (SHARED / "data" / "code_completion.jsonl").read_text().splitlines() if line]
-    return [tokenizer(row["turns"][0])["input_ids"][-max_prompt_tokens:] for row in rows[:limit]]
+def load_prompts(tokenizer: Any, limit: int, max_prompt_tokens: int) -> list[TokenPrompt]:
+    """The first ``limit`` rows of code_completion.jsonl, each cut to its last ``max_prompt_tokens`` tokens."""
+    questions = load_questions(SHARED / "data" / "code_completion.jsonl")[:limit]
+    return [first_turn(tokenizer, q, raw=True, keep_last=max_prompt_tokens) for q in questions]
 
 
-def run_one(target: Any, draft: Any, prompt: list[int], method: str, options: dict[str, Any], n: int) -> Any:
-    options = dict(options)
-    capacity = options.pop("capacity", 64)
-    if method in ("draft_model", "tts", "racer_tts"):
-        options["draft_model"] = draft
-    return racer_rs.generate(target, prompt, method=method, max_new_tokens=n, capacity=capacity, **options)
-
-
-def summarise(label: str, results: list[Any], n_new: int, ar_seconds: float) -> dict[str, Any]:
-    mat, buckets, _ = acceptance_by_bucket(results, n_new)
-    n_rounds = sum(len(r.accepted_lengths) for r in results)
-    seconds = sum(r.timings["total"] for r in results)
-    decode = sum(r.timings["total"] - r.timings["prefill"] for r in results)
-    return {
-        "method": label,
-        "mat": mat,
-        "buckets": buckets,
-        "seconds": seconds,
-        "speedup": ar_seconds / seconds,
-        "ms_per_round": 1000 * decode / n_rounds,
-        "draft_s": sum(r.timings["draft"] for r in results),
-        "verify_s": sum(r.timings["verify"] for r in results),
-    } | tts_update_summary(results, decode)
+def progress(record: Record) -> None:
+    print(
+        f"prompt {record.question_index} ({record.prompt_tokens} tok) {record.method:12s} "
+        f"{record.wall_s:6.2f}s MAT {record.mat:.2f}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -102,7 +98,8 @@ def main() -> None:
     if args.max_new_tokens < BUCKET:
         sys.exit("--max-new-tokens must be >= 128")
     torch.set_num_threads(args.threads)
-    print("reproduce: python " + " ".join(shlex.quote(a) for a in sys.argv), flush=True)
+    command = reproduce_command()
+    print(f"reproduce: {command}", flush=True)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -111,26 +108,16 @@ def main() -> None:
     draft = AutoModelForCausalLM.from_pretrained(models / "pycode-draft-1m", dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(models / "pycode-target-7m")
     prompts = load_prompts(tokenizer, args.limit, args.max_prompt_tokens)
-    methods = method_table(args)
+    methods = method_table(args, draft)
 
-    run_one(target, draft, prompts[0][:64], "tts", {"canvas": 2, "update_every": 1}, 16)  # warm-up
-    results: dict[str, list[Any]] = {label: [] for label in methods}
-    mismatches: dict[str, int] = dict.fromkeys(methods, 0)
-    for index, prompt in enumerate(prompts):
-        for label, (method, options) in methods.items():
-            start = time.perf_counter()
-            result = run_one(target, draft, prompt, method, options, args.max_new_tokens)
-            results[label].append(result)
-            if result.tokens != results["ar"][index].tokens:
-                mismatches[label] += 1
-            print(
-                f"prompt {index} ({len(prompt)} tok) {label:12s} "
-                f"{time.perf_counter() - start:6.2f}s MAT {result.mat:.2f}",
-                flush=True,
-            )
-
-    ar_seconds = sum(r.timings["total"] for r in results["ar"])
-    rows = [summarise(label, res, args.max_new_tokens, ar_seconds) for label, res in results.items()]
+    # Greedy, no end-of-sequence id: every answer runs to --max-new-tokens.
+    result = run_methods(target, tokenizer, methods, prompts, max_new_tokens=args.max_new_tokens, progress=progress)
+    rows = [
+        long_generation_row(label, result.of(label), args.max_new_tokens, result.speedup(label).value)
+        for label in result.methods
+    ]
+    mismatches = result.mismatches()
+    note = result.disturbance_note()
     n_buckets = len(rows[0]["buckets"])
     header = f"{'method':12s} {'MAT':>5s} {'sec':>7s} {'speedup':>7s} {'ms/rnd':>6s} " + " ".join(
         f"{i * BUCKET:>5d}" for i in range(n_buckets)
@@ -143,6 +130,8 @@ def main() -> None:
             f"{row['method']:12s} {row['mat']:5.2f} {row['seconds']:7.2f} {row['speedup']:7.2f} "
             f"{row['ms_per_round']:6.2f} {buckets}"
         )
+    if note:
+        print(note)
     print("\nTTS updates: total update time, time on the critical path (barrier waits + publication)")
     for row in rows:
         if "updates" in row:
@@ -165,7 +154,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     title = "pycode-target-7m + pycode-draft-1m (trained on 128-token windows), greedy"
     plot_acceptance(rows, args.out / "tts_acceptance.png", args.max_new_tokens, title)
-    payload = {"command": sys.argv, "threads": args.threads, "prompts": len(prompts), "rows": rows}
+    payload = {"command": command, "threads": args.threads, "prompts": len(prompts), "rows": rows}
     (args.out / "tts_results.json").write_text(json.dumps(payload, indent=2))
     print(f"wrote {args.out / 'tts_acceptance.png'} and {args.out / 'tts_results.json'}")
 

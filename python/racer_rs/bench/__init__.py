@@ -1,5 +1,8 @@
 """``racer bench``: the interleaved benchmark runner, its report and plots, the prompt sets,
 transformers' decoding as peers, and the half-precision near-tie rule.
 
-The benchmark scripts in ``benches/`` are thin layers over this package.
+From Python, :mod:`racer_rs.bench.api` runs method configurations side by side on the same prompts
+(interleaved, with ``ar``) and summarises them; acceptance per generation-position bucket is in
+:mod:`racer_rs.bench.position_buckets`. The benchmark scripts in ``benches/`` are thin layers over
+this package.
 """

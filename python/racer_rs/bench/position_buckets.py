@@ -83,3 +83,42 @@ def plot_acceptance(rows: list[dict[str, Any]], path: Path, n_new: int, title: s
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def long_generation_row(
+    label: str, records: Sequence[Any], n_new: int, speedup: float, bucket: int = BUCKET
+) -> dict[str, Any]:
+    """One method's row of a long-generation benchmark: MAT and acceptance per position bucket
+    (with each bucket's round count), seconds and tokens/s (the engine's total time, prefill
+    included), the given speedup over ``ar``, time per round (decode), the draft's and the
+    verification's share of it, and TTS's update work (:func:`tts_update_summary`).
+
+    Args:
+        label: The method's label.
+        records: Its records (or ``GenerationResult``\\ s), one per prompt.
+        n_new: New tokens per prompt (the buckets cover them).
+        speedup: Its speedup over ``ar`` (from the run's summary).
+        bucket: Positions per bucket.
+    """
+    mat, buckets, rounds = acceptance_by_bucket(records, n_new, bucket)
+    n_rounds = sum(len(r.accepted_lengths) for r in records)
+    seconds = sum(r.timings["total"] for r in records)
+    decode = sum(r.timings["total"] - r.timings["prefill"] for r in records)
+    tokens = sum(len(r.tokens) for r in records)
+    draft = sum(r.timings["draft"] for r in records)
+    verify = sum(r.timings["verify"] for r in records)
+    per_round = 1000 / n_rounds if n_rounds else float("nan")
+    return {
+        "method": label,
+        "mat": mat,
+        "buckets": buckets,
+        "bucket_rounds": rounds,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds else float("nan"),
+        "speedup": speedup,
+        "ms_per_round": decode * per_round,
+        "draft_s": draft,
+        "verify_s": verify,
+        "draft_ms_per_round": draft * per_round,
+        "verify_ms_per_round": verify * per_round,
+    } | (tts_update_summary(records, decode) if records else {})

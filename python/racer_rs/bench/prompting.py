@@ -3,7 +3,8 @@
 Chat rows use the tokenizer's chat template (system message "You are a helpful assistant.", as in
 the RACER evaluation) with the whole conversation re-encoded each turn, the model's own earlier
 answers inserted as assistant turns. A tokenizer without a chat template (a base model) gets the
-turns and answers joined by blank lines. Completion rows are encoded as raw text.
+turns and answers joined by blank lines. Completion rows are encoded as raw text. Benchmarks that
+run one turn per question take it as token ids (:func:`first_turn`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from racer_rs.bench.prompts import Question, TokenPrompt
 from racer_rs.errors import InvalidArgumentError
 
 SYSTEM_MESSAGE = "You are a helpful assistant."
@@ -56,3 +58,24 @@ def encode_conversation(tokenizer: Any, user_turns: Sequence[str], answers: Sequ
     if hasattr(ids, "keys") and "input_ids" in ids:
         ids = ids["input_ids"]
     return [int(token) for token in ids]
+
+
+def first_turn(
+    tokenizer: Any, question: Question, *, raw: bool = False, keep_last: int | None = None, category: str | None = None
+) -> TokenPrompt:
+    """A question's first turn as a one-turn prompt of token ids, whatever the row's mode.
+
+    Args:
+        tokenizer: A transformers tokenizer.
+        question: The question; only its first turn is used.
+        raw: Encode the turn as plain text (:func:`encode_text`) instead of a one-turn
+            conversation (:func:`encode_conversation`).
+        keep_last: Keep only the prompt's last ``keep_last`` tokens.
+        category: Report it under this category instead of the question's.
+    """
+    text = question.turns[0]
+    ids = encode_text(tokenizer, text) if raw else encode_conversation(tokenizer, [text], [])
+    if keep_last is not None:
+        ids = ids[-keep_last:]
+    group = question.category if category is None else category
+    return TokenPrompt(tuple(ids), question.question_id, group, question.source, question.line)

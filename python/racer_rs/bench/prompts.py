@@ -50,6 +50,32 @@ class Question:
     subcategory: str = ""
 
 
+@dataclass(frozen=True)
+class TokenPrompt:
+    """A one-turn prompt given as token ids (encoded, and perhaps cut, by the caller), for
+    benchmarks whose prompts are not questions to encode: raw text without special handling,
+    the last tokens of a long file, a chat turn cut to a budget.
+
+    Attributes:
+        ids: The prompt's token ids.
+        question_id: Its name in records and reports.
+        category: Reporting group.
+        source: Where it came from (in messages and records).
+        line: 1-based line in ``source`` (0 when it has none).
+    """
+
+    ids: tuple[int, ...]
+    question_id: int | str = 0
+    category: str = "default"
+    source: str = "<token ids>"
+    line: int = 0
+
+    @property
+    def turns(self) -> tuple[str, ...]:
+        """One turn, already encoded (its text is not needed)."""
+        return ("",)
+
+
 def _parse_row(row: Any, where: str) -> tuple[int | str, str, tuple[str, ...], str]:
     """Validate one decoded JSON row; raise InvalidArgumentError naming ``where`` (file:line) on a bad row."""
     if not isinstance(row, dict):

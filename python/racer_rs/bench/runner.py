@@ -3,20 +3,22 @@
 For each sampling setting, every question is run by every method before the next question starts
 (the method order rotates per question), so machine noise hits all methods alike. Each turn of a
 question is one :func:`racer_rs.generate` call timed end to end (prefill included); multi-turn
-questions feed each method its own previous answer.
+questions feed each method its own previous answer. A method label stands for a
+:class:`MethodSpec` (method, options, capacity); :mod:`racer_rs.bench.api` is the entry point
+from Python.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from racer_rs._validate import capacity as capacity_rule
 from racer_rs.bench.hf_peers import PEERS
 from racer_rs.bench.prompting import encode_conversation, encode_text
-from racer_rs.bench.prompts import Question
+from racer_rs.bench.prompts import Question, TokenPrompt
 from racer_rs.errors import InvalidArgumentError, error_context
 
 #: The method every other is compared with (and checked against when greedy).
@@ -59,13 +61,29 @@ class Setting:
         return label + (f",top_k={self.top_k}" if self.top_k else "")
 
 
+@dataclass(frozen=True)
+class MethodSpec:
+    """What one method label of a run stands for.
+
+    Attributes:
+        method: A racer_rs method or one of transformers' peers (``hf``, ``hf_pld``, ``hf_assisted``).
+        options: The keyword options its drafter is built with (a draft model among them).
+        capacity: Its own tree capacity (an int or ``"auto"``); None for the run's.
+    """
+
+    method: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    capacity: int | str | None = None
+
+
 @dataclass
 class BenchConfig:
     """What the runner needs besides the models and questions.
 
     Attributes:
         methods: Method labels, ``"ar"`` first (the speedup and equality baseline); a label is a
-            method name, optionally with its own tree capacity: ``racer@16``, ``racer@auto``.
+            method name, optionally with its own tree capacity: ``racer@16``, ``racer@auto``,
+            or a key of ``specs``.
         method_options: Per method, the keyword options its drafter is built with.
         settings: Decoding settings, run one after the other.
         max_new_tokens: Token budget per turn.
@@ -77,6 +95,9 @@ class BenchConfig:
         persistent: Keep drafter state across requests instead of starting fresh each request.
         eos_token_id: End-of-sequence id(s).
         draft_model: The draft model of ``hf_assisted`` (None when not run).
+        max_capacity: The largest tree a ``"auto"`` capacity may verify.
+        specs: Labels that stand for a configuration of their own (any name: ``tts_S5``), with
+            its method, options and capacity (``method_options`` does not apply to them).
     """
 
     methods: list[str]
@@ -91,6 +112,14 @@ class BenchConfig:
     eos_token_id: list[int] | None
     draft_model: Any = None
     max_capacity: int = 64
+    specs: dict[str, MethodSpec] = field(default_factory=dict)
+
+    def spec(self, label: str) -> MethodSpec:
+        """The method, options and capacity of ``label``."""
+        if label in self.specs:
+            return self.specs[label]
+        method, capacity = split_label(label)
+        return MethodSpec(method, self.method_options.get(label, {}), parse_capacity(capacity) if capacity else None)
 
 
 def split_label(label: str) -> tuple[str, str | None]:
@@ -213,8 +242,9 @@ class BenchmarkRunner:
         return {label: self._build_drafter(label) for label in self.config.methods}
 
     def _build_drafter(self, label: str) -> Any:
-        method, _ = split_label(label)
-        options = dict(self.config.method_options.get(label, {}))
+        spec = self.config.spec(label)
+        method = spec.method
+        options = dict(spec.options)
         if method in PEERS:
             options.pop("draft_model", None)
             if options:
@@ -237,49 +267,74 @@ class BenchmarkRunner:
 
     def run(
         self,
-        questions: Sequence[Question],
+        questions: Sequence[Question | TokenPrompt],
         progress: ProgressHook | None = None,
         phase: PhaseHook | None = None,
     ) -> list[Record]:
         """Run every setting, question, turn and method; return the records in run order.
 
         Args:
-            questions: The questions, in order.
+            questions: The questions (or prompts given as token ids), in order.
             progress: Called with every record as soon as it is measured.
             phase: Called with a short description when a warm-up or a setting starts.
         """
-        self.records = records = []
+        self.records = []
         for setting in self.config.settings:
             drafters = self.build_drafters()
             if phase is not None and self.config.warmup:
                 phase(f"warmup [{setting.label}]")
-            self._warm_up(questions[0], setting, drafters)
+            self.warm_up(questions[0], setting, drafters)
             if phase is not None:
                 phase(f"bench [{setting.label}]")
             for index, question in enumerate(questions):
-                question_records: list[Record] = []
-                try:
-                    for method, ar_pass in self.question_order(index):
-                        for record in self._run_question(index, question, method, setting, drafters[method]):
-                            record.ar_pass = ar_pass
-                            question_records.append(record)
-                            if progress is not None:
-                                progress(record)
-                except PromptTooLong as skip:
-                    # The other questions are still measured; this one is reported as skipped.
-                    self.skipped.append(
-                        {
-                            "setting": setting.label,
-                            "question_id": question.question_id,
-                            "source": f"{question.source}:{question.line}",
-                            "reason": str(skip),
-                        }
-                    )
-                    continue
-                if setting.greedy:
-                    _check_against_ar(question_records, self.model)
-                records.extend(question_records)
-        return records
+                self.run_question(index, question, setting, drafters, progress)
+        return self.records
+
+    def run_question(
+        self,
+        index: int,
+        question: Question | TokenPrompt,
+        setting: Setting,
+        drafters: dict[str, Any],
+        progress: ProgressHook | None = None,
+    ) -> list[Record]:
+        """Run every method on one question (:meth:`question_order`), check greedy outputs
+        against ar's, and add the records to :attr:`records`.
+
+        Args:
+            index: The question's index (its seed offset and its place in the rotation).
+            question: The question, or a prompt given as token ids.
+            setting: The decoding setting.
+            drafters: One drafter per method (:meth:`build_drafters`).
+            progress: Called with every record as soon as it is measured.
+
+        Returns:
+            The question's records; none when its prompt outgrows the model's window (the
+            question is listed in :attr:`skipped` instead).
+        """
+        question_records: list[Record] = []
+        try:
+            for method, ar_pass in self.question_order(index):
+                for record in self._run_question(index, question, method, setting, drafters[method]):
+                    record.ar_pass = ar_pass
+                    question_records.append(record)
+                    if progress is not None:
+                        progress(record)
+        except PromptTooLong as skip:
+            # The other questions are still measured; this one is reported as skipped.
+            self.skipped.append(
+                {
+                    "setting": setting.label,
+                    "question_id": question.question_id,
+                    "source": f"{question.source}:{question.line}",
+                    "reason": str(skip),
+                }
+            )
+            return []
+        if setting.greedy:
+            _check_against_ar(question_records, self.model)
+        self.records.extend(question_records)
+        return question_records
 
     def question_order(self, index: int) -> list[tuple[str, int]]:
         """The (method, ar pass) runs of question ``index``: ``ar`` first and last (its two runs
@@ -292,13 +347,14 @@ class BenchmarkRunner:
             return [(m, 0) for m in rotated]
         return [(BASELINE, 0), *((m, 0) for m in rotated), (BASELINE, 1)]
 
-    def calls(self, questions: Sequence[Question]) -> int:
+    def calls(self, questions: Sequence[Question | TokenPrompt]) -> int:
         """How many timed generate calls :meth:`run` makes (for a progress bar)."""
         turns = sum(len(q.turns) for q in questions)
         per_question = len(self.question_order(0))
         return len(self.config.settings) * per_question * turns
 
-    def _warm_up(self, question: Question, setting: Setting, drafters: dict[str, Any]) -> None:
+    def warm_up(self, question: Question | TokenPrompt, setting: Setting, drafters: dict[str, Any]) -> None:
+        """The untimed warm-up runs (:attr:`BenchConfig.warmup` per method) on ``question``."""
         if not self.config.warmup:
             return
         prompt = self._encode(question, 0, [])
@@ -314,8 +370,10 @@ class BenchmarkRunner:
                 drafter = throwaway.get(method, drafters[method])
                 self._call(prompt, method, setting, drafter, self.config.seed, question, warmup=True)
 
-    def _encode(self, question: Question, turn: int, answers: list[str]) -> list[int]:
-        if question.mode == "completion":
+    def _encode(self, question: Question | TokenPrompt, turn: int, answers: list[str]) -> list[int]:
+        if isinstance(question, TokenPrompt):
+            ids = list(question.ids)
+        elif question.mode == "completion":
             ids = encode_text(self.tokenizer, question.turns[turn])
         else:
             ids = encode_conversation(self.tokenizer, question.turns[: turn + 1], answers)
@@ -330,7 +388,7 @@ class BenchmarkRunner:
         setting: Setting,
         drafter: Any,
         seed: int,
-        question: Question,
+        question: Question | TokenPrompt,
         warmup: bool = False,
     ) -> tuple[Any, float]:
         import torch
@@ -344,7 +402,8 @@ class BenchmarkRunner:
             "eos_token_id": self.config.eos_token_id,
             "seed": seed,
         }
-        method, own_capacity = split_label(label)
+        spec = self.config.spec(label)
+        method = spec.method
         torch.manual_seed(seed)
         self._synchronize()
         start = time.perf_counter()
@@ -354,7 +413,7 @@ class BenchmarkRunner:
                     self.model, prompt, method=method, assistant_model=self.config.draft_model, **common
                 )
             else:
-                capacity = parse_capacity(own_capacity) if own_capacity else self.config.capacity
+                capacity = self.config.capacity if spec.capacity is None else spec.capacity
                 result = self._generate(
                     self.model,
                     prompt,
@@ -375,7 +434,7 @@ class BenchmarkRunner:
         return self._peer_generate(*args, **kwargs)
 
     def _run_question(
-        self, index: int, question: Question, method: str, setting: Setting, drafter: Any
+        self, index: int, question: Question | TokenPrompt, method: str, setting: Setting, drafter: Any
     ) -> list[Record]:
         seed = self.config.seed + index
         answers: list[str] = []
