@@ -424,10 +424,10 @@ def test_index_option_limits(model, tmp_path):
 
 
 def test_racer_tts_drafts_from_the_index_too(model):
-    from tests.helpers import seeded_llama
+    from tests.helpers import tiny_llama
 
     target = tiny_model("llama", seed=2, sharpen=4.0)
-    draft = seeded_llama(5, vocab=target.config.vocab_size)
+    draft = tiny_llama(5, vocab=target.config.vocab_size)
     prompt = random_prompt(9)
     expected = plain_greedy(target, prompt, 32)
     mats = []
