@@ -44,7 +44,6 @@ from racer_rs.engine.sampling import (
     draw_uniforms,
     process_logits,
     sample_nodes,
-    sample_position,
 )
 from racer_rs.engine.transfer import HostTransfer
 from racer_rs.engine.verifier import model_window, topk_with_probs, vocab_size
@@ -340,26 +339,16 @@ class BatchDecodeLoop:
             started = time.perf_counter()
             budget = request.max_new_tokens[row]
             uniforms = None
-            if self.uniforms is None:
-                first = int(output.last_logits.argmax())
-            else:
+            if self.uniforms is not None:
                 self.uniforms[row, : budget + 1] = draw_uniforms(budget + 1, self.generators[row], device)
                 uniforms = self.uniforms[row, : budget + 1]
-                first = sample_position(output.last_logits, self.sampling, uniforms[0], self.generators[row])
-            context = np.zeros(len(prompt) + budget, dtype=np.int32)
-            context[: len(prompt)] = prompt
-            state = DecodeState(
-                context=context,
-                prompt_length=len(prompt),
-                length=len(prompt),
-                next_token=first,
-                max_new_tokens=budget,
-                uniforms=uniforms,
+            state = DecodeState.after_prefill(
+                prompt, budget, output.last_logits, self.sampling, uniforms, self.generators[row]
             )
             self.drafting.begin(
                 row,
                 RequestStart(
-                    prompt_ids=context[: len(prompt)].copy(),
+                    prompt_ids=state.context[: len(prompt)].copy(),
                     prompt_topk=output.prompt_topk,
                     prompt_logits_last=output.last_logits.detach(),
                     vocab_size=int(output.last_logits.shape[-1]),

@@ -76,6 +76,33 @@ class DecodeState:
     resampled_nodes: int = 0
     uniforms: torch.Tensor | None = None
 
+    @classmethod
+    def after_prefill(
+        cls,
+        prompt: np.ndarray,
+        max_new_tokens: int,
+        last_logits: torch.Tensor,
+        sampling: SamplingConfig,
+        uniforms: torch.Tensor | None,
+        generator: torch.Generator | None,
+    ) -> DecodeState:
+        """A request's state once its prompt is prefilled: the first token is the prefill's
+        argmax (greedy: ``uniforms`` is None) or its sample with ``uniforms[0]``."""
+        if uniforms is None:
+            first = int(last_logits.argmax())
+        else:
+            first = sample_position(last_logits, sampling, uniforms[0], generator)
+        context = np.zeros(len(prompt) + max_new_tokens, dtype=np.int32)
+        context[: len(prompt)] = prompt
+        return cls(
+            context=context,
+            prompt_length=len(prompt),
+            length=len(prompt),
+            next_token=first,
+            max_new_tokens=max_new_tokens,
+            uniforms=uniforms,
+        )
+
     @property
     def generated(self) -> int:
         """Number of tokens generated so far."""
@@ -182,25 +209,15 @@ class DecodeLoop:
         probs_temperature = self.sampling.temperature if self.drafter.needs_topk_probs else None
         output = self.verifier.prefill(prompt, topk=self.drafter.needs_topk, probs_temperature=probs_temperature)
         uniforms = None
-        if self.sampling.greedy:
-            first = int(output.last_logits.argmax())
-        else:
+        if not self.sampling.greedy:
             # One extra row: a step's deepest node may predict one token past the budget.
             uniforms = draw_uniforms(max_new_tokens + 1, self.generator, self.verifier.device)
-            first = sample_position(output.last_logits, self.sampling, uniforms[0], self.generator)
-        context = np.zeros(len(prompt) + max_new_tokens, dtype=np.int32)
-        context[: len(prompt)] = prompt
-        state = DecodeState(
-            context=context,
-            prompt_length=len(prompt),
-            length=len(prompt),
-            next_token=first,
-            max_new_tokens=max_new_tokens,
-            uniforms=uniforms,
+        state = DecodeState.after_prefill(
+            prompt, max_new_tokens, output.last_logits, self.sampling, uniforms, self.generator
         )
         self.drafter.begin(
             RequestStart(
-                prompt_ids=context[: len(prompt)].copy(),
+                prompt_ids=state.context[: len(prompt)].copy(),
                 prompt_topk=output.prompt_topk,
                 prompt_logits_last=output.last_logits.detach(),
                 vocab_size=int(output.last_logits.shape[-1]),
