@@ -29,7 +29,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from racer_rs.engine.sampling import SamplingConfig, draw_uniforms, sample_position
+from racer_rs.target.sampling import SamplingConfig, draw_uniforms, sample_position
 
 VOCAB = 96
 WINDOW = 256

@@ -23,7 +23,7 @@ from racer_rs.autosize import state as tree_state  # noqa: E402
 from racer_rs.autosize.calibration import PRIOR_WEIGHT, EdgeCalibration, path_probabilities  # noqa: E402
 from racer_rs.autosize.cost_model import CostModel  # noqa: E402
 from racer_rs.autosize.sizer import EXPLORE_AFTER, TreeSizer, best_first_order, best_prefix_size, subtree  # noqa: E402
-from racer_rs.engine.sampling import SamplingConfig  # noqa: E402
+from racer_rs.target.sampling import SamplingConfig  # noqa: E402
 from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, tiny_llama, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch

@@ -143,7 +143,7 @@ PROPOSAL_TEMPERATURE = 0.7
 def check_reports_what_it_samples(cls: type[DraftModelDrafter]) -> None:
     """``draft_probs`` row ``i`` is the draft's processed distribution after the chain's first
     ``i`` tokens (recomputed from scratch), and the drafted tokens follow the reported rows."""
-    from racer_rs.engine.sampling import SamplingConfig, process_logits
+    from racer_rs.target.sampling import SamplingConfig, process_logits
 
     draft = tiny_llama(3, vocab=SMALL_VOCAB, init=0.3)
     config = SamplingConfig(temperature=PROPOSAL_TEMPERATURE)
@@ -250,7 +250,7 @@ def test_noisy_copy_draft_gets_tokens_accepted(target: torch.nn.Module) -> None:
 
 def exact_third_token(model: torch.nn.Module, prompt: list[int], temperature: float, top_k: int) -> np.ndarray:
     """Exact distribution of the 3rd sampled token under plain sampling (enumerates the first two)."""
-    from racer_rs.engine.sampling import SamplingConfig, process_logits
+    from racer_rs.target.sampling import SamplingConfig, process_logits
 
     config = SamplingConfig(temperature=temperature, top_k=top_k)
 

@@ -1,6 +1,6 @@
 """Chain speculative sampling keeps the target distribution at every drafted depth.
 
-:func:`racer_rs.engine.sampling.chain_speculative_sample` is run the way the decode loop runs it: a
+:func:`racer_rs.target.sampling.chain_speculative_sample` is run the way the decode loop runs it: a
 chain of ``DEPTH`` tokens is drafted from a draft model ``q``, the target scores the chain, the
 rule accepts a prefix and emits one more token, and positions the step did not reach are
 filled by plain sampling (what the following steps do). The target and the draft are bigram
@@ -41,8 +41,8 @@ from racer_rs.drafters.base import Drafter, Proposal, RequestStart  # noqa: E402
 from racer_rs.engine import acceptance  # noqa: E402
 from racer_rs.engine.capacity import FixedCapacity  # noqa: E402
 from racer_rs.engine.decode_loop import DecodeLoop, DecodeState, Verification, Verified  # noqa: E402
-from racer_rs.engine.sampling import SamplingConfig, _inverse_cdf, chain_speculative_sample, process_logits  # noqa: E402
-from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
+from racer_rs.target.sampling import SamplingConfig, _inverse_cdf, chain_speculative_sample, process_logits  # noqa: E402
+from racer_rs.target.verifier import TreeVerifier  # noqa: E402
 from tests.helpers import tiny_model  # noqa: E402
 from tests.stats import chi_square_pvalue  # noqa: E402
 

@@ -28,7 +28,7 @@ pytest.importorskip("transformers")
 import racer_rs  # noqa: E402
 from racer_rs.engine import generation  # noqa: E402
 from racer_rs.engine.decode_loop import DecodeLoop, DecodeState, Verification  # noqa: E402
-from racer_rs.engine.sampling import SamplingConfig  # noqa: E402
+from racer_rs.target.sampling import SamplingConfig  # noqa: E402
 from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, tiny_llama, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch

@@ -34,10 +34,10 @@ from racer_rs.drafters.base import Proposal  # noqa: E402
 from racer_rs.engine import batch as batch_engine  # noqa: E402
 from racer_rs.engine.batch import BatchDecodeLoop  # noqa: E402
 from racer_rs.engine.batch_capacity import AutoBatchCapacity  # noqa: E402
-from racer_rs.engine.batch_verifier import BatchVerifier  # noqa: E402
+from racer_rs.target.batch_verifier import BatchVerifier  # noqa: E402
 from racer_rs.engine.decode_loop import Verification  # noqa: E402
-from racer_rs.engine.sampling import SamplingConfig, process_logits, resample_node  # noqa: E402
-from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
+from racer_rs.target.sampling import SamplingConfig, process_logits, resample_node  # noqa: E402
+from racer_rs.target.verifier import TreeVerifier  # noqa: E402
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError  # noqa: E402
 from tests.helpers import FAMILIES, REPEATING_PROMPT, plain_greedy, plain_sampling, random_prompt, tiny_model  # noqa: E402
 from tests.stats import chi_square_pvalue  # noqa: E402
@@ -638,7 +638,7 @@ def test_auto_reports_every_row_s_choices(forced_cost: Any) -> None:
 def test_packed_gqa_attention_equals_transformers_sdpa() -> None:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from racer_rs.engine.attention import packed_gqa_attention
+    from racer_rs.target.attention import packed_gqa_attention
 
     class Module(torch.nn.Module):
         num_key_value_groups = 3
@@ -657,7 +657,7 @@ def test_packed_gqa_attention_equals_transformers_sdpa() -> None:
 
 
 def test_gqa_attention_switches_the_model_only_inside_the_block() -> None:
-    from racer_rs.engine.attention import NAME, gqa_attention
+    from racer_rs.target.attention import NAME, gqa_attention
 
     model = _model("qwen2")
     assert model.config._attn_implementation == "sdpa"

@@ -33,7 +33,7 @@ pytest.importorskip("transformers")
 import racer_rs  # noqa: E402
 from racer_rs.engine import generation  # noqa: E402
 from racer_rs.engine.decode_loop import DecodeLoop, DecodeState, Verification, Verified  # noqa: E402
-from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
+from racer_rs.target.verifier import TreeVerifier  # noqa: E402
 from tests.helpers import FAMILIES, REPEATING_PROMPT, random_prompt, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch

@@ -33,7 +33,7 @@ from racer_rs.drafters import make_drafter  # noqa: E402
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart  # noqa: E402
 from racer_rs.engine.capacity import FixedCapacity  # noqa: E402
 from racer_rs.engine.decode_loop import DecodeLoop, DecodeState, Verification, Verified  # noqa: E402
-from racer_rs.engine.sampling import (  # noqa: E402
+from racer_rs.target.sampling import (  # noqa: E402
     CANDIDATES,
     SamplingConfig,
     process_logits,
@@ -41,7 +41,7 @@ from racer_rs.engine.sampling import (  # noqa: E402
     sample_nodes,
     sample_position,
 )
-from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
+from racer_rs.target.verifier import TreeVerifier  # noqa: E402
 from tests.helpers import REPEATING_PROMPT, plain_sampling, tiny_model  # noqa: E402
 from tests.stats import chi_square_pvalue  # noqa: E402
 

@@ -14,8 +14,8 @@ from racer_rs import DraftTree  # noqa: E402
 from racer_rs.drafters import make_drafter  # noqa: E402
 from racer_rs.engine.capacity import FixedCapacity  # noqa: E402
 from racer_rs.engine.decode_loop import DecodeLoop  # noqa: E402
-from racer_rs.engine.sampling import SamplingConfig  # noqa: E402
-from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
+from racer_rs.target.sampling import SamplingConfig  # noqa: E402
+from racer_rs.target.verifier import TreeVerifier  # noqa: E402
 from tests.helpers import FAMILIES, REPEATING_PROMPT, random_prompt, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch

@@ -34,7 +34,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from racer_rs import optional_deps  # noqa: E402
-from racer_rs.engine.verifier import TreeVerifier  # noqa: E402
+from racer_rs.target.verifier import TreeVerifier  # noqa: E402
 from racer_rs.integrations.options import ServingOptions  # noqa: E402
 from racer_rs.integrations.sglang import RacerCorpus, _wrap_target_worker, feed_verify_result  # noqa: E402
 from racer_rs.integrations.vllm import RacerProposer  # noqa: E402

@@ -16,7 +16,7 @@ from racer_rs.drafters.racer_tts import RacerTTSDrafter, chain_nodes  # noqa: E4
 from racer_rs.drafters.tts import TTSDrafter  # noqa: E402
 from racer_rs.engine import generation  # noqa: E402
 from racer_rs.engine.decode_loop import DecodeLoop  # noqa: E402
-from racer_rs.engine.sampling import SamplingConfig, resample_node  # noqa: E402
+from racer_rs.target.sampling import SamplingConfig, resample_node  # noqa: E402
 from racer_rs.tts.online_loss import (  # noqa: E402
     Canvas,
     DistillConfig,

@@ -20,7 +20,7 @@ row reads its own KV prefix (memory traffic ``~ B x P``) and attends over it (``
 small forward is bound by reading weights and KV rather than by its token count. Batch size 1 is
 :func:`racer_rs.autosize.state.cost_model` itself (today's curve, measured with the single-request
 path, with its corrections); sizes 2, 4, 8, ... are measured with the real batched path
-(:class:`racer_rs.engine.batch_verifier.BatchVerifier`: padded trees, 4D masks, per-row
+(:class:`racer_rs.target.batch_verifier.BatchVerifier`: padded trees, 4D masks, per-row
 positions) at the same two context lengths, sizes in between interpolated linearly in ``B``; every
 batch size keeps its own online corrections (load, shape, overhead: see
 :class:`racer_rs.autosize.cost_model.CostModel`). All are cached on disk next to
@@ -38,7 +38,7 @@ import torch
 
 from racer_rs.autosize import state
 from racer_rs.autosize.cost_model import CURVE_CONTEXTS, CostModel, synthetic_tree
-from racer_rs.engine.verifier import vocab_size
+from racer_rs.target.verifier import vocab_size
 from racer_rs.errors import InvalidArgumentError
 
 
@@ -94,7 +94,7 @@ def measure_batch_forward_cost(
     Sizes are interleaved over the rounds so that machine noise hits every size alike; the fastest
     round is kept (other load only ever adds time).
     """
-    from racer_rs.engine.batch_verifier import BatchVerifier
+    from racer_rs.target.batch_verifier import BatchVerifier
 
     if batch < 1 or context < 1 or rounds < 1 or not sizes or min(sizes) < 1:
         raise InvalidArgumentError("batch, context, rounds and every size must be >= 1")

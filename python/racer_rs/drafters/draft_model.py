@@ -22,8 +22,8 @@ import torch
 from racer_rs import _validate as rules
 from racer_rs._native import DraftTree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart
-from racer_rs.engine.sampling import SamplingConfig, process_logits
-from racer_rs.engine.verifier import vocab_size
+from racer_rs.target.sampling import SamplingConfig, process_logits
+from racer_rs.target.verifier import vocab_size
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
 

@@ -7,7 +7,7 @@ needs from the target's logits on the device, and :meth:`Acceptor.accept` decide
 - :class:`GreedyWalk`: follow the target's argmax down the tree. Greedy output equals plain
   greedy decoding.
 - :class:`SamplingWalk`: one sample per node from the processed target distribution, keyed
-  by generation position (:func:`racer_rs.engine.sampling.draw_uniforms`); a node's child is
+  by generation position (:func:`racer_rs.target.sampling.draw_uniforms`); a node's child is
   followed only when it equals the node's own sample, so the output is distributed exactly as
   plain sampling, and a deterministic drafter yields the very text plain sampling does for a seed.
 - :class:`ChainSpeculativeSampling`: standard speculative sampling over a chain whose drafter
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from racer_rs.engine.sampling import SamplingConfig, chain_speculative_sample, sample_nodes, sample_position
+from racer_rs.target.sampling import SamplingConfig, chain_speculative_sample, sample_nodes, sample_position
 from racer_rs.engine.transfer import HostTransfer
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ Prompts of different lengths decode side by side. Each step:
    call for the batch; other methods: each row's own drafter), cut by the capacity policy
    (``capacity="auto"``: one node budget for the batch, :mod:`racer_rs.autosize.batch`);
 2. ``verify``: one forward over every row's tree, padded to the step's largest tree
-   (:class:`racer_rs.engine.batch_verifier.BatchVerifier`: per-row positions, a 4D mask over each
+   (:class:`racer_rs.target.batch_verifier.BatchVerifier`: per-row positions, a 4D mask over each
    row's own valid prefix and ancestors), the acceptors' device-side predictions for all rows and
    the step's single device-to-host copy;
 3. ``accept``: per row, the very acceptor :func:`racer_rs.generate` uses (greedy walk, or the
@@ -35,10 +35,10 @@ from racer_rs.drafters.base import Proposal, RequestStart, StepOutcome
 from racer_rs.engine.acceptance import Acceptor, GreedyWalk, SamplingWalk, StepInputs
 from racer_rs.engine.batch_capacity import AutoBatchCapacity, BatchCapacityPolicy, BatchStepReport, FixedBatchCapacity
 from racer_rs.engine.batch_drafting import BatchDrafting, make_batch_drafting
-from racer_rs.engine.batch_verifier import BatchVerifier
+from racer_rs.target.batch_verifier import BatchVerifier
 from racer_rs.engine.decode_loop import DecodeState, Verification, check_proposal
 from racer_rs.engine.generation import GenerationResult, eos_ids
-from racer_rs.engine.sampling import (
+from racer_rs.target.sampling import (
     CANDIDATES,
     SamplingConfig,
     draw_uniforms,
@@ -46,7 +46,7 @@ from racer_rs.engine.sampling import (
     sample_nodes,
 )
 from racer_rs.engine.transfer import HostTransfer
-from racer_rs.engine.verifier import model_window, topk_with_probs, vocab_size
+from racer_rs.target.verifier import model_window, topk_with_probs, vocab_size
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError, error_context
 
 

@@ -33,10 +33,10 @@ from racer_rs.engine.acceptance import (
     StepInputs,
 )
 from racer_rs.engine.capacity import CapacityPolicy, StepReport
-from racer_rs.engine.sampling import SamplingConfig, draw_uniforms, process_logits, sample_position
+from racer_rs.target.sampling import SamplingConfig, draw_uniforms, process_logits, sample_position
 from racer_rs.engine.streaming import StreamAdapter
 from racer_rs.engine.transfer import HostTransfer
-from racer_rs.engine.verifier import TreeVerifier, topk_with_probs
+from racer_rs.target.verifier import TreeVerifier, topk_with_probs
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
 TIMING_KEYS = ("prefill", "draft", "verify", "forward", "accept", "bookkeeping", "total")
@@ -60,7 +60,7 @@ class DecodeState:
         tree_nodes: total number of verified tree nodes.
         resampled_nodes: nodes whose fast sample had to be redrawn exactly.
         uniforms: ``[max_new_tokens + 1, CANDIDATES]`` uniforms keyed by generation position
-            (sampling only; see :func:`racer_rs.engine.sampling.draw_uniforms`).
+            (sampling only; see :func:`racer_rs.target.sampling.draw_uniforms`).
     """
 
     context: np.ndarray

@@ -23,9 +23,9 @@ from racer_rs.drafters import make_drafter
 from racer_rs.drafters.base import Drafter
 from racer_rs.engine.capacity import AutoCapacity, CapacityPolicy, FixedCapacity
 from racer_rs.engine.decode_loop import DecodeLoop, DecodeState
-from racer_rs.engine.sampling import SamplingConfig
+from racer_rs.target.sampling import SamplingConfig
 from racer_rs.engine.streaming import StreamAdapter
-from racer_rs.engine.verifier import TreeVerifier, model_window, vocab_size
+from racer_rs.target.verifier import TreeVerifier, model_window, vocab_size
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError
 
 

@@ -383,7 +383,7 @@ def _one_line(exc: BaseException) -> str:
 def eos_token_ids(model: Any, tokenizer: Any) -> list[int] | None:
     """Collect the end-of-sequence ids from the generation config and the tokenizer (those the
     model can produce: an id beyond its LM head never comes out of it)."""
-    from racer_rs.engine.verifier import vocab_size
+    from racer_rs.target.verifier import vocab_size
 
     vocab = vocab_size(model)
     ids: list[int] = []

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from racer_rs._io import check_writable_folder, write_text_atomically
-from racer_rs.engine.verifier import vocab_size as target_vocab_size
+from racer_rs.target.verifier import vocab_size as target_vocab_size
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 from racer_rs.selfdraft.checkpoint import (
     MANIFEST,

@@ -19,7 +19,7 @@ cache is cropped to the new longest row: rows accept different lengths and never
 other. The holes a short row carries cost attention work (masked columns are still computed), at
 most the spread of the rows' lengths.
 
-Prompts are prefilled one by one (:meth:`racer_rs.engine.verifier.TreeVerifier.prefill`, exactly
+Prompts are prefilled one by one (:meth:`racer_rs.target.verifier.TreeVerifier.prefill`, exactly
 what :func:`racer_rs.generate` computes, the drafters' prompt top-k included) and their caches
 copied into the batch.
 """
@@ -35,8 +35,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from racer_rs._native import DraftTree
-from racer_rs.engine.attention import gqa_attention
-from racer_rs.engine.verifier import GrowableLayer, PrefillOutput, TreeVerifier, check_model
+from racer_rs.target.attention import gqa_attention
+from racer_rs.target.verifier import GrowableLayer, PrefillOutput, TreeVerifier, check_model
 
 
 class BatchLayer(GrowableLayer):
