@@ -1,7 +1,7 @@
 """Throughput of ``racer_rs.generate_batch``: batched RACER (fixed 16 and auto) against batched
 ``ar`` and against sequential decoding of the same prompts, on SmolLM2-135M-Instruct.
 
-A thin front for ``racer bench --batch-size`` (:mod:`racer_rs.bench.batch`) with this benchmark's
+A thin front for ``racer bench --batch-size`` (:mod:`racer_rs.bench.batch_throughput`) with this benchmark's
 settings: bfloat16, Spec-Bench first turns (categories interleaved, so a batch mixes long and short
 prompts), B = 4 and 8, greedy, methods ``ar,racer@16,racer@auto``, every mode interleaved per
 batch; greedy rows are checked against sequential ``ar``. The goals: batched ``racer@auto`` at

@@ -25,9 +25,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
-from racer_rs.autosize import batch as batch_sizing  # noqa: E402
+from racer_rs.autosize import batch_sizer as batch_sizing  # noqa: E402
 from racer_rs.autosize import state as tree_size  # noqa: E402
-from racer_rs.autosize.batch import BatchCosts, best_batch_size, bucket_sizes, interpolated  # noqa: E402
+from racer_rs.autosize.batch_sizer import BatchCosts, best_batch_size, bucket_sizes, interpolated  # noqa: E402
 from racer_rs.autosize.cost_model import CostModel, synthetic_tree  # noqa: E402
 from racer_rs.autosize.sizer import Ranking, best_prefix_size  # noqa: E402
 from racer_rs.drafters.base import Proposal  # noqa: E402

@@ -171,7 +171,7 @@ def add_parser(subparsers: Any) -> None:
         metavar="B",
         help="benchmark racer_rs.generate_batch instead: throughput of every method batched B prompts at a "
         "time against batched ar and against decoding the same prompts one by one (first turns only; "
-        "default methods ar,racer@16,racer@auto; see racer_rs.bench.batch)",
+        "default methods ar,racer@16,racer@auto; see racer_rs.bench.batch_throughput)",
     )
     parser.add_argument("--persistent", action="store_true", help="keep drafter state across requests")
     parser.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
@@ -412,7 +412,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``racer bench``; return the exit code (1 when a greedy run found a mismatch)."""
     common.require_extra("hf", "racer bench")
     if args.batch_size:
-        from racer_rs.bench.batch import run_batch_bench
+        from racer_rs.bench.batch_throughput import run_batch_bench
 
         with common.torch_threads(args.threads):
             return run_batch_bench(args)

@@ -4,7 +4,7 @@ Prompts of different lengths decode side by side. Each step:
 
 1. ``draft``: a tree for every live row (RACER methods: one :meth:`racer_rs.DraftPool.propose`
    call for the batch; other methods: each row's own drafter), cut by the capacity policy
-   (``capacity="auto"``: one node budget for the batch, :mod:`racer_rs.autosize.batch`);
+   (``capacity="auto"``: one node budget for the batch, :mod:`racer_rs.autosize.batch_sizer`);
 2. ``verify``: one forward over every row's tree, padded to the step's largest tree
    (:class:`racer_rs.target.batch_verifier.BatchVerifier`: per-row positions, a 4D mask over each
    row's own valid prefix and ancestors), the acceptors' device-side predictions for all rows and
@@ -87,7 +87,7 @@ def generate_batch(
         capacity: the most draft-tree nodes per row and step, root included; or ``"auto"``: one
             node budget for the batch, each step keeping every row's likeliest nodes up to the
             padded tree size with the most expected tokens per second of the batched forward, as
-            measured on this device for this batch size (:mod:`racer_rs.autosize.batch`; at most
+            measured on this device for this batch size (:mod:`racer_rs.autosize.batch_sizer`; at most
             ``max_capacity`` nodes per row). Each row's statistics are in
             ``extras["auto_capacity"]``; the first batch of a size for a model, device, dtype and
             thread count also measures its cost curves (``setup_s``; cached on disk).

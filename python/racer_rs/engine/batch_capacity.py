@@ -1,5 +1,5 @@
 """How many draft-tree nodes each row of a batched step verifies: a fixed capacity, or one
-``capacity="auto"`` budget for the whole batch (:mod:`racer_rs.autosize.batch`)."""
+``capacity="auto"`` budget for the whole batch (:mod:`racer_rs.autosize.batch_sizer`)."""
 
 from __future__ import annotations
 
@@ -73,11 +73,11 @@ class FixedBatchCapacity:
 class AutoBatchCapacity:
     """``capacity="auto"`` for a batch: each step keeps every row's best nodes up to the padded
     size with the most expected tokens per second of the batched forward
-    (:func:`racer_rs.autosize.batch.best_batch_size`), learning from every row's outcome.
+    (:func:`racer_rs.autosize.batch_sizer.best_batch_size`), learning from every row's outcome.
 
     One calibration (per model, method and decoding mode, as one request's) learns from every
     row; the cost is the batched forward's for the step's batch size
-    (:class:`racer_rs.autosize.batch.BatchCosts`). At one row this is :class:`AutoCapacity`.
+    (:class:`racer_rs.autosize.batch_sizer.BatchCosts`). At one row this is :class:`AutoCapacity`.
 
     Args:
         model: the target.
@@ -88,7 +88,7 @@ class AutoBatchCapacity:
     """
 
     def __init__(self, model: Any, method: str, greedy: bool, max_capacity: int, rows: int) -> None:
-        from racer_rs.autosize import batch as batch_sizing
+        from racer_rs.autosize import batch_sizer as batch_sizing
         from racer_rs.autosize import sizer, state
 
         started = time.perf_counter()
@@ -112,7 +112,7 @@ class AutoBatchCapacity:
         self, proposals: list[Proposal], rows: Sequence[int], context: int
     ) -> tuple[list[Proposal], list[SizeChoice]]:
         """Every row's best-first prefix of at most the chosen padded size."""
-        from racer_rs.autosize.batch import best_batch_size
+        from racer_rs.autosize.batch_sizer import best_batch_size
 
         rankings = [self.sizers[row].rank(p.tree) for row, p in zip(rows, proposals, strict=True)]
         limits = [min(len(p.tree), self.limit) for p in proposals]
