@@ -304,10 +304,10 @@ def _versions() -> dict[str, str]:
     import torch
     import transformers
 
-    import racer_rs
+    from racer_rs._native import __version__
 
     return {
-        "racer_rs": str(racer_rs.__version__),
+        "racer_rs": str(__version__),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "numpy": numpy.__version__,
@@ -412,7 +412,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``racer bench``; return the exit code (1 when a greedy run found a mismatch)."""
     common.require_extra("hf", "racer bench")
     if args.batch_size:
-        from racer_rs.bench.batch_throughput import run_batch_bench
+        from racer_rs.cli.bench_batch import run_batch_bench
 
         with common.torch_threads(args.threads):
             return run_batch_bench(args)
