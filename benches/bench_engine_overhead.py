@@ -87,7 +87,8 @@ def main() -> int:
     for round_index in range(args.rounds):
         for label in labels[round_index % len(labels) :] + labels[: round_index % len(labels)]:
             runs[label].append(measure(model, prompts, label, args.batch, args.max_new_tokens))
-    print(f"B={args.batch}, {args.prompts} prompts x {args.max_new_tokens} tokens, {args.dtype}, {args.threads} threads")
+    setup = f"{args.prompts} prompts x {args.max_new_tokens} tokens, {args.dtype}, {args.threads} threads"
+    print(f"B={args.batch}, {setup}")
     print(f"{'method':<14} {'steps':>6} {'rows':>5} {'ms/step':>8} {'forward':>8} {'rest':>7} {'rest %':>7}")
     for label, results in runs.items():
         mean = {key: statistics.fmean(r[key] for r in results) for key in results[0]}

@@ -16,7 +16,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import racer_rs.engine.generation  # noqa: E402
-
 from racer_rs.bench.batch_throughput import interleaved  # noqa: E402
 from racer_rs.bench.prompts import Question  # noqa: E402
 from racer_rs.cli import main  # noqa: E402
