@@ -47,6 +47,7 @@ class FakeMsvcrt:
 
 def _contend(lock_path: Path) -> list[str]:
     """Two threads take the lock; the second asks while the first holds it."""
+    lock_path.write_bytes(b"not empty: a handle opened for appending starts at its end")
     order: list[str] = []
     first_in = threading.Event()
     release_first = threading.Event()
@@ -123,7 +124,9 @@ def test_cache_conversion_serialises_on_the_windows_lock(tmp_path: Path, monkeyp
     def convert(gguf: Path, folder: Path) -> None:
         conversions.append(gguf)
         converting.set()
-        while fake.refusals == 0:  # the other thread is now polling the lock
+        for _ in range(1000):  # until the other thread polls the lock (at most 10 s)
+            if fake.refusals:
+                break
             threading.Event().wait(0.01)
         (folder / "model.safetensors").write_bytes(b"w" * 10)
         (folder / "tokenizer").mkdir()
