@@ -143,3 +143,47 @@ def test_the_core_tests_need_numpy_only() -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert re.search(r"\d+ tests? collected", done.stdout), done.stdout[-500:]
+
+
+def _wheel(path: Path, names: list[str]) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        for name in names:
+            archive.writestr(name, "x")
+    return path
+
+
+def _sdist(path: Path, names: list[str]) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as archive:
+        for name in names:
+            info = tarfile.TarInfo(f"racer_rs-0.1.0/{name}")
+            info.size = 1
+            archive.addfile(info, io.BytesIO(b"x"))
+    return path
+
+
+WHEEL_FILES = [
+    "racer_rs/__init__.py",
+    "racer_rs/engine/generation.py",
+    "racer_rs/_native.pyi",
+    "racer_rs/_native.abi3.so",
+    "racer_rs-0.1.0.dist-info/METADATA",
+    "racer_rs-0.1.0.dist-info/licenses/LICENSE",
+]
+SDIST_FILES = ["Cargo.toml", "Cargo.lock", "pyproject.toml", "README.md", "rust/lib.rs", "python/racer_rs/__init__.py"]
+
+
+def test_check_dist_rejects_stray_files(tmp_path: Path) -> None:
+    checks = check_dist()
+    assert checks.wheel_problems(_wheel(tmp_path / "ok.whl", WHEEL_FILES)) == []
+    assert checks.sdist_problems(_sdist(tmp_path / "ok.tar.gz", SDIST_FILES)) == []
+    for extra in ["tests/test_core.py", "racer_rs/__pycache__/x.cpython-311.pyc", "racer_rs/libextra.so", "target/x"]:
+        assert checks.wheel_problems(_wheel(tmp_path / "bad.whl", [*WHEEL_FILES, extra])), extra
+    assert checks.wheel_problems(_wheel(tmp_path / "none.whl", WHEEL_FILES[:3]))  # no extension
+    for extra in ["tests/test_x.py", "models/m/model.safetensors", "target/release/x", "x.so"]:
+        assert checks.sdist_problems(_sdist(tmp_path / "bad.tar.gz", [*SDIST_FILES, extra])), extra
+    assert checks.sdist_problems(_sdist(tmp_path / "lock.tar.gz", SDIST_FILES[:1] + SDIST_FILES[2:]))
