@@ -81,6 +81,11 @@ def test_flock_excludes(tmp_path: Path) -> None:
     assert _contend(tmp_path / "x.lock") == ["first in", "first out", "second in"]
 
 
+@pytest.mark.skipif(_io.msvcrt is None, reason="msvcrt is Windows'")
+def test_msvcrt_lock_excludes(tmp_path: Path) -> None:
+    assert _contend(tmp_path / "x.lock") == ["first in", "first out", "second in"]
+
+
 def test_windows_lock_fallback_excludes_and_releases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeMsvcrt()
     monkeypatch.setattr(_io, "fcntl", None)
@@ -164,7 +169,14 @@ def test_sync_folder_tolerates_a_refused_fsync(tmp_path: Path, monkeypatch: pyte
         synced.append(handle)
         raise OSError(errno.EINVAL, "Invalid argument")
 
+    def open_folder(path: Any, flags: int) -> int:  # as POSIX does (Windows cannot open a folder)
+        if not Path(path).is_dir():
+            raise FileNotFoundError(path)
+        return 12345
+
     monkeypatch.setattr(_io, "CAN_SYNC_FOLDERS", True)
+    monkeypatch.setattr(_io.os, "open", open_folder)
+    monkeypatch.setattr(_io.os, "close", lambda handle: None)
     monkeypatch.setattr(_io.os, "fsync", fsync)
     _io.sync_folder(tmp_path)
     _io.sync_folder(tmp_path / "absent")  # cannot be opened: skipped too
