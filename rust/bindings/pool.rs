@@ -4,10 +4,11 @@
 use numpy::PyArray1;
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::arrays::{
-    Flag, Int, Real, Text, Tokens, array1, at_least, matrix, prob_matrix, prob_vector, token_arg,
+    Flag, Int, Real, Text, Tokens, array1, at_least, int_arg, matrix, no_unknown_keywords,
+    prob_matrix, prob_vector,
 };
 use super::errors::{type_error, value_error};
 use super::logits_table::exempt;
@@ -131,7 +132,7 @@ pub struct PyDraftPool {
 #[pymethods]
 impl PyDraftPool {
     #[new]
-    #[pyo3(signature = (vocab_size, *, ngram = Int::of(10), max_nodes = Int::of(10_000), breadth = Int::of(8), min_depth = Int::of(2), exempt_depth = Int::of(1), tree = Text::of("halving"), min_score = Real::of(0.0), use_retrieval = Flag::of(true), use_logits = Flag::of(true), threads = Int::of(1)))]
+    #[pyo3(signature = (vocab_size, *, ngram = Int::of(10), max_nodes = Int::of(10_000), breadth = Int::of(8), min_depth = Int::of(2), exempt_depth = Int::of(1), tree = Text::of("halving"), min_score = Real::of(0.0), use_retrieval = Flag::of(true), use_logits = Flag::of(true), threads = Int::of(1), **unexpected))]
     #[pyo3(
         text_signature = "(vocab_size, *, ngram=10, max_nodes=10000, breadth=8, min_depth=2, exempt_depth=1, tree='halving', min_score=0.0, use_retrieval=True, use_logits=True, threads=1)"
     )]
@@ -148,7 +149,13 @@ impl PyDraftPool {
         use_retrieval: Flag,
         use_logits: Flag,
         threads: Int,
+        unexpected: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        no_unknown_keywords(
+            "DraftPool",
+            unexpected,
+            "vocab_size, ngram, max_nodes, breadth, min_depth, exempt_depth, tree, min_score, use_retrieval, use_logits, threads",
+        )?;
         let scored = tree.one_of("tree", &["halving", "scored"])? == "scored";
         let options = PoolOptions {
             vocab_size: at_least(vocab_size, 1, "vocab_size")?,
@@ -283,7 +290,7 @@ impl PyDraftPool {
         prompt_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let id = request_id(id, "id")?;
-        let prompt = token_arg(prompt_ids, &format!("prompt_ids ({id})"))?;
+        let prompt = int_arg(prompt_ids, &format!("prompt_ids ({id})"))?;
         let prompt = prompt.as_slice();
         Ok(py.detach(|| self.inner.add(id, prompt))?)
     }
@@ -305,8 +312,8 @@ impl PyDraftPool {
     ) -> PyResult<()> {
         let ids = request_ids(ids)?;
         if let Some(lengths) = lengths {
-            let flat = token_arg(tokens, "tokens")?;
-            let lengths: Vec<i64> = token_arg(lengths, "lengths")?
+            let flat = int_arg(tokens, "tokens")?;
+            let lengths: Vec<i64> = int_arg(lengths, "lengths")?
                 .as_slice()
                 .iter()
                 .map(|&n| i64::from(n))
@@ -333,7 +340,7 @@ impl PyDraftPool {
         )?
         .iter()
         .enumerate()
-        .map(|(i, t)| token_arg(t, &element("tokens", i, &ids)))
+        .map(|(i, t)| int_arg(t, &element("tokens", i, &ids)))
         .collect::<PyResult<Vec<Tokens<'_>>>>()?;
         let slices: Vec<&[i32]> = parts.iter().map(Tokens::as_slice).collect();
         Ok(py.detach(|| self.inner.extend(&ids, &slices))?)
@@ -350,7 +357,7 @@ impl PyDraftPool {
         topk_probs: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let id = request_id(id, "id")?;
-        let t = token_arg(tokens, &format!("tokens ({id})"))?;
+        let t = int_arg(tokens, &format!("tokens ({id})"))?;
         let arg = format!("topk_ids ({id})");
         let (ids, n, k) = matrix(topk_ids, &arg)?;
         if n != t.as_slice().len() {
@@ -385,7 +392,7 @@ impl PyDraftPool {
         calibration: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyBatchDraft> {
         let ids = request_ids(ids)?;
-        let last = token_arg(last_tokens, "last_tokens")?;
+        let last = int_arg(last_tokens, "last_tokens")?;
         let caps = capacities(capacity, &ids)?;
         let calibration = calibration
             .map(|c| prob_vector(c, "calibration"))
