@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from racer_rs import _validate as rules
-from racer_rs._native import Automaton, LogitsTable, build_draft_tree
+from racer_rs._native import Automaton, DraftPool, LogitsTable, build_draft_tree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
 from racer_rs.drafters.index import LEARNS_INTO_INDEX, READ_ONLY_INDEX, SCOPES, SharedIndex, check_index, open_index
 from racer_rs.errors import InvalidArgumentError
@@ -102,6 +102,18 @@ class RacerOptions:
             if self.index is None:
                 raise InvalidArgumentError("index_max_nodes needs index='memory'")
         rules.choice("index_scope", self.index_scope, SCOPES)
+        # Every combination the core refuses (ngram beyond 64, max_nodes beyond the node ids or
+        # below one window's substrings, min_depth above ngram), now rather than at the first
+        # request: an empty DraftPool checks the same settings without allocating.
+        DraftPool(
+            1,
+            ngram=self.ngram,
+            max_nodes=self.max_nodes,
+            breadth=self.breadth,
+            min_depth=self.min_depth,
+            exempt_depth=self.exempt_depth,
+            min_score=self.min_score,
+        )
 
     @classmethod
     def for_method(cls, method: str, options: dict[str, Any]) -> RacerOptions:

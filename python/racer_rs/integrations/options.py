@@ -25,6 +25,20 @@ from racer_rs.errors import InvalidArgumentError, RacerError
 
 __all__ = ["ENV_VAR", "ServingOptions"]
 
+
+class _RepeatedKeyError(Exception):
+    """A key given twice in the JSON object (json keeps the last one silently)."""
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in values:
+            raise _RepeatedKeyError(key)
+        values[key] = value
+    return values
+
+
 #: The environment variable both integrations read their settings from.
 ENV_VAR = "RACER_RS_OPTIONS"
 
@@ -74,6 +88,9 @@ class ServingOptions:
         if self.vocab_size is not None:
             rules.integer("vocab_size", self.vocab_size, minimum=1, maximum=rules.MAX_TOKEN_ID)
         rules.integer("log_every", self.log_every, minimum=0)
+        # Every combination of values, checked as the engine will use them (the token id range
+        # of the model is known later: 1 stands for it, unless vocab_size is set).
+        self.pool(self.vocab_size or 1)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServingOptions:
@@ -98,15 +115,29 @@ class ServingOptions:
         if not text:
             return cls()
         try:
-            values = json.loads(text)
+            values = json.loads(text, object_pairs_hook=_no_repeated_keys)
         except json.JSONDecodeError as exc:
             raise InvalidArgumentError(f"{ENV_VAR} must be a JSON object: {exc}") from None
+        except _RepeatedKeyError as exc:
+            raise InvalidArgumentError(f"{ENV_VAR}: option {exc} is given twice") from None
         if not isinstance(values, dict):
             raise InvalidArgumentError(f"{ENV_VAR} must be a JSON object, got {type(values).__name__}")
         try:
             return cls.from_mapping(values)
         except (RacerError, TypeError) as exc:
             raise InvalidArgumentError(f"{ENV_VAR}: {exc}") from None
+
+    def check(self, vocab_size: int) -> None:
+        """Check these options against the model's token id range ``vocab_size`` (the engine's
+        start-up hook, once the model config is known).
+
+        Raises:
+            InvalidArgumentError: one line naming ``RACER_RS_OPTIONS`` and the key at fault.
+        """
+        try:
+            self.pool(vocab_size)
+        except RacerError as exc:
+            raise InvalidArgumentError(f"{ENV_VAR} (for a vocabulary of {vocab_size} ids): {exc}") from None
 
     def pool(self, vocab_size: int, *, use_logits: bool | None = None) -> DraftPool:
         """An empty :class:`racer_rs.DraftPool` drafting with these options.
