@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 import racer_rs
 from racer_rs import InvalidArgumentError, InvalidTypeError, RacerError, build_draft_tree
+from racer_rs.drafters.racer import RacerOptions
 from racer_rs.integrations.options import ENV_VAR, ServingOptions
 from racer_rs.integrations.sglang import RacerCorpus, resolve_server_args
 
@@ -308,6 +309,26 @@ def test_the_serving_corpus_checks_its_arguments(argument: str, value: Any) -> N
     kwargs[argument] = value
     with pytest.raises(RacerError, match=argument):
         RacerCorpus(**kwargs)
+
+
+PYTHON_BAD: list[tuple[str, Callable[[], Any]]] = [
+    ("racer", lambda: ServingOptions(racer="ngram=4")),
+    ("racer", lambda: ServingOptions(racer=None)),
+    ("options", lambda: ServingOptions.from_mapping([("ngram", 4)])),
+    ("options", lambda: ServingOptions.from_mapping({1: 4})),
+    ("environ", lambda: ServingOptions.from_env("ngram=4")),
+    (ENV_VAR, lambda: ServingOptions.from_env({ENV_VAR: 4})),
+    ("method", lambda: RacerOptions.for_method("nope", {})),
+    ("options", lambda: RacerOptions.for_method("racer", [("ngram", 4)])),
+    ("ngram", lambda: RacerOptions(ngram=65)),
+    ("max_nodes", lambda: RacerOptions(ngram=20, max_nodes=100)),
+]
+
+
+@pytest.mark.parametrize(("argument", "call"), PYTHON_BAD)
+def test_the_python_constructors_check_their_arguments(argument: str, call: Callable[[], Any]) -> None:
+    with pytest.raises(RacerError, match=argument):
+        call()
 
 
 # --- F. the copy-logit table's accessors ------------------------------------------------------------

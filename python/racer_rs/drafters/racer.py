@@ -27,6 +27,7 @@ cells. The request's own automaton stays per request.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,7 @@ from racer_rs import _validate as rules
 from racer_rs._native import Automaton, DraftPool, LogitsTable, build_draft_tree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
 from racer_rs.drafters.index import LEARNS_INTO_INDEX, READ_ONLY_INDEX, SCOPES, SharedIndex, check_index, open_index
-from racer_rs.errors import InvalidArgumentError
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,9 @@ class RacerOptions:
     @classmethod
     def for_method(cls, method: str, options: dict[str, Any]) -> RacerOptions:
         """The options ``method`` was given; any option the method does not take is an error."""
+        rules.choice("method", method, tuple(METHOD_OPTIONS))
+        if not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options):
+            raise InvalidTypeError(f"options must be a mapping of option names, got {type(options).__name__}")
         accepted = METHOD_OPTIONS[method]
         unknown = sorted(set(options) - set(accepted))
         if unknown:

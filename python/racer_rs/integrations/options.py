@@ -21,7 +21,7 @@ from typing import Any
 from racer_rs import _validate as rules
 from racer_rs._native import DraftPool
 from racer_rs.drafters.racer import RacerOptions
-from racer_rs.errors import InvalidArgumentError, RacerError
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError, RacerError
 
 __all__ = ["ENV_VAR", "ServingOptions"]
 
@@ -77,6 +77,8 @@ class ServingOptions:
     log_every: int = 2000
 
     def __post_init__(self) -> None:
+        if not isinstance(self.racer, RacerOptions):
+            raise InvalidTypeError(f"racer must be a RacerOptions, got {type(self.racer).__name__}")
         if self.racer.persistent:
             raise InvalidArgumentError("racer.persistent is not supported in a serving engine (per-request state)")
         rules.choice("tree", self.tree, ("halving", "scored"))
@@ -95,6 +97,8 @@ class ServingOptions:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServingOptions:
         """The options from a flat mapping (RACER's options and this record's fields by name)."""
+        if not isinstance(values, Mapping) or not all(isinstance(key, str) for key in values):
+            raise InvalidTypeError(f"the options must be a mapping of option names, got {type(values).__name__}")
         own = {f.name for f in dataclasses.fields(cls)} - {"racer"}
         unknown = sorted(set(values) - own - set(_RACER_KEYS))
         if unknown:
@@ -111,7 +115,12 @@ class ServingOptions:
             InvalidArgumentError: one line naming the variable, if it is not a JSON object of
                 known options with valid values.
         """
-        text = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
+        if environ is not None and not isinstance(environ, Mapping):
+            raise InvalidTypeError(f"environ must be a mapping (like os.environ), got {type(environ).__name__}")
+        text = (os.environ if environ is None else environ).get(ENV_VAR, "")
+        if not isinstance(text, str):
+            raise InvalidTypeError(f"{ENV_VAR} must be a str, got {type(text).__name__}")
+        text = text.strip()
         if not text:
             return cls()
         try:
