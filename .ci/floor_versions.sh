@@ -22,8 +22,8 @@ MODEL_FLOORS=(torch==2.6.0 transformers==5.24.0 safetensors==0.8.0 tqdm==4.60.0 
 CORE_TESTS=(tests/core tests/test_hostile_input_r2.py tests/test_argument_rules.py tests/test_errors.py
     tests/bench/test_stats.py)
 # A representative part of the rest: decoding equals plain greedy, the drafters, the loading paths.
-MODEL_TESTS=(tests/engine/test_generate.py tests/engine/test_verify.py tests/engine/test_sampling.py
-    tests/drafters tests/loading tests/bench)
+MODEL_TESTS=(tests/engine/test_generate.py tests/engine/test_verify.py tests/engine/test_generate_batch.py
+    tests/drafters/test_shared_drafter.py tests/loading/test_model_loading.py tests/bench/test_api.py)
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
