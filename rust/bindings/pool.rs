@@ -7,8 +7,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::arrays::{
-    Flag, Int, Real, Text, Tokens, array1, at_least, int_arg, matrix, no_unknown_keywords,
-    prob_matrix, prob_vector,
+    Flag, Int, Real, Text, Tokens, array1, at_least, converted, int_arg, matrix,
+    no_unknown_keywords, prob_matrix, prob_vector,
 };
 use super::errors::{type_error, value_error};
 use super::logits_table::exempt;
@@ -70,15 +70,33 @@ fn items<'py>(obj: &Bound<'py, PyAny>, arg: &str, what: &str) -> PyResult<Vec<Bo
     let iter = obj
         .try_iter()
         .map_err(|_| type_error(format!("{arg}: expected {what}, got {}", type_name(obj))))?;
-    iter.collect()
+    // The caller's sequence sizes this buffer: it grows by fallible reservations.
+    let mut out: Vec<Bound<'py, PyAny>> = Vec::new();
+    for item in iter {
+        if out.len() == out.capacity() {
+            out.try_reserve(out.len().max(16))
+                .map_err(|_| out_of_memory(arg, out.len()))?;
+        }
+        out.push(item?);
+    }
+    Ok(out)
+}
+
+fn out_of_memory(arg: &str, len: usize) -> PyErr {
+    crate::error::Error::OutOfMemory {
+        what: format!("the items of {arg}"),
+        bytes: len.saturating_mul(2 * size_of::<usize>()),
+    }
+    .into()
 }
 
 fn request_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RequestId>> {
-    items(obj, "ids", "a sequence of request ids (ints or strs)")?
-        .iter()
-        .enumerate()
-        .map(|(i, item)| request_id(item, &format!("ids[{i}]")))
-        .collect()
+    let items = items(obj, "ids", "a sequence of request ids (ints or strs)")?;
+    let mut ids = crate::alloc::filled("ids", "the request ids", items.len(), RequestId::Int(0))?;
+    for (i, (slot, item)) in ids.iter_mut().zip(&items).enumerate() {
+        *slot = request_id(item, &format!("ids[{i}]"))?;
+    }
+    Ok(ids)
 }
 
 /// `ids[i]` spelled for messages: `ids[3] ('req-7')`, or `ids[3]` past the end.
@@ -313,11 +331,11 @@ impl PyDraftPool {
         let ids = request_ids(ids)?;
         if let Some(lengths) = lengths {
             let flat = int_arg(tokens, "tokens")?;
-            let lengths: Vec<i64> = int_arg(lengths, "lengths")?
-                .as_slice()
-                .iter()
-                .map(|&n| i64::from(n))
-                .collect();
+            let lengths = int_arg(lengths, "lengths")?;
+            let lengths = lengths.as_slice();
+            let lengths: Vec<i64> = converted("lengths", lengths.len(), lengths.iter(), |&n| {
+                Ok(i64::from(n))
+            })?;
             let flat = flat.as_slice();
             return Ok(py.detach(|| {
                 let parts = split_ragged(flat, &lengths, &ids)?;
