@@ -291,6 +291,23 @@ def test_unknown_keywords_are_an_invalid_type_error(where: str, names: list[str]
     assert where in str(error.value)
 
 
+#: Each native constructor and function with its positional arguments filled, and one more.
+TOO_MANY_POSITIONAL: dict[str, Callable[[], Any]] = {
+    "Automaton": lambda: racer_rs.Automaton(4, 100, 2, 8),
+    "DraftPool": lambda: racer_rs.DraftPool(100, 10),
+    "LogitsTable": lambda: racer_rs.LogitsTable(100, 8, 2),
+    "DraftTree": lambda: racer_rs.DraftTree([1], [-1], None, [0]),
+    "prompt_lookup": lambda: racer_rs.prompt_lookup([1, 2, 1], 3),
+    "build_draft_tree": lambda: racer_rs.build_draft_tree(_automaton(), _table(), 1, 8, True),
+}
+
+
+@pytest.mark.parametrize("where", sorted(TOO_MANY_POSITIONAL))
+def test_a_positional_argument_too_many_is_an_invalid_type_error(where: str) -> None:
+    with pytest.raises(InvalidTypeError, match=f"{where}.*too many"):
+        TOO_MANY_POSITIONAL[where]()
+
+
 def test_the_reported_unknown_keyword() -> None:
     with pytest.raises(InvalidTypeError, match="capacity"):
         racer_rs.DraftPool(100, capacity=16)

@@ -468,14 +468,22 @@ pub(crate) fn type_name(obj: &Borrowed<'_, '_, PyAny>) -> String {
         .map_or_else(|_| "?".into(), |n| n.to_string())
 }
 
-/// Refuse keyword arguments a native constructor or function does not take, as an
-/// `InvalidTypeError` naming them and the accepted ones (PyO3's own error for an unknown keyword
-/// is a plain `TypeError`). `unexpected` is the entry point's `**kwargs` catch-all.
+/// Refuse arguments a native constructor or function does not take (positional ones beyond its
+/// own, unknown keywords), as an `InvalidTypeError` naming them and the accepted ones (PyO3's
+/// own errors for these are plain `TypeError`s). `extra` and `unexpected` are the entry point's
+/// `*args` and `**kwargs` catch-alls.
 pub(crate) fn no_unknown_keywords(
     func: &str,
+    extra: &Bound<'_, PyTuple>,
     unexpected: Option<&Bound<'_, PyDict>>,
     accepted: &str,
 ) -> PyResult<()> {
+    if !extra.is_empty() {
+        return Err(type_error(format!(
+            "{func}() got {} positional argument(s) too many; it takes {accepted} (the later ones by keyword)",
+            extra.len()
+        )));
+    }
     let Some(extra) = unexpected.filter(|d| !d.is_empty()) else {
         return Ok(());
     };

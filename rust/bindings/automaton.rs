@@ -51,17 +51,19 @@ fn path_arg(obj: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
 #[pymethods]
 impl PyAutomaton {
     #[new]
-    #[pyo3(signature = (ngram = Int::of(10), max_nodes = None, min_depth = Int::of(2), *, capacity = None, **unexpected))]
+    #[pyo3(signature = (ngram = Int::of(10), max_nodes = None, min_depth = Int::of(2), *extra, capacity = None, **unexpected))]
     #[pyo3(text_signature = "(ngram=10, max_nodes=None, min_depth=2, *, capacity=None)")]
     fn py_new(
         ngram: Int,
         max_nodes: Option<Int>,
         min_depth: Int,
+        extra: &Bound<'_, PyTuple>,
         capacity: Option<Int>,
         unexpected: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         no_unknown_keywords(
             "Automaton",
+            extra,
             unexpected,
             "ngram, max_nodes, min_depth, capacity",
         )?;

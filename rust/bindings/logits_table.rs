@@ -3,7 +3,7 @@
 use numpy::PyArray1;
 use parking_lot::RwLock;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
 use super::arrays::{
     Int, array1, at_least, int_arg, matrix, no_unknown_keywords, prob_matrix, token_arg, token_id,
@@ -41,14 +41,15 @@ fn row_index(table: &LogitsTable, token: Int) -> PyResult<i32> {
 #[pymethods]
 impl PyLogitsTable {
     #[new]
-    #[pyo3(signature = (vocab_size, top_k = Int::of(8), **unexpected))]
+    #[pyo3(signature = (vocab_size, top_k = Int::of(8), *extra, **unexpected))]
     #[pyo3(text_signature = "(vocab_size, top_k=8)")]
     fn py_new(
         vocab_size: Int,
         top_k: Int,
+        extra: &Bound<'_, PyTuple>,
         unexpected: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        no_unknown_keywords("LogitsTable", unexpected, "vocab_size, top_k")?;
+        no_unknown_keywords("LogitsTable", extra, unexpected, "vocab_size, top_k")?;
         let vocab_size = at_least(vocab_size, 1, "vocab_size")?;
         let top_k = at_least(top_k, 1, "top_k")?;
         Ok(Self {

@@ -150,13 +150,14 @@ pub struct PyDraftPool {
 #[pymethods]
 impl PyDraftPool {
     #[new]
-    #[pyo3(signature = (vocab_size, *, ngram = Int::of(10), max_nodes = Int::of(10_000), breadth = Int::of(8), min_depth = Int::of(2), exempt_depth = Int::of(1), tree = Text::of("halving"), min_score = Real::of(0.0), use_retrieval = Flag::of(true), use_logits = Flag::of(true), threads = Int::of(1), **unexpected))]
+    #[pyo3(signature = (vocab_size, *extra, ngram = Int::of(10), max_nodes = Int::of(10_000), breadth = Int::of(8), min_depth = Int::of(2), exempt_depth = Int::of(1), tree = Text::of("halving"), min_score = Real::of(0.0), use_retrieval = Flag::of(true), use_logits = Flag::of(true), threads = Int::of(1), **unexpected))]
     #[pyo3(
         text_signature = "(vocab_size, *, ngram=10, max_nodes=10000, breadth=8, min_depth=2, exempt_depth=1, tree='halving', min_score=0.0, use_retrieval=True, use_logits=True, threads=1)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
         vocab_size: Int,
+        extra: &Bound<'_, PyTuple>,
         ngram: Int,
         max_nodes: Int,
         breadth: Int,
@@ -171,6 +172,7 @@ impl PyDraftPool {
     ) -> PyResult<Self> {
         no_unknown_keywords(
             "DraftPool",
+            extra,
             unexpected,
             "vocab_size, ngram, max_nodes, breadth, min_depth, exempt_depth, tree, min_score, use_retrieval, use_logits, threads",
         )?;

@@ -22,15 +22,16 @@ impl From<DraftTree> for PyDraftTree {
 #[pymethods]
 impl PyDraftTree {
     #[new]
-    #[pyo3(signature = (tokens, parents, cells = None, **unexpected))]
+    #[pyo3(signature = (tokens, parents, cells = None, *extra, **unexpected))]
     #[pyo3(text_signature = "(tokens, parents, cells=None)")]
     fn py_new(
         tokens: &Bound<'_, PyAny>,
         parents: &Bound<'_, PyAny>,
         cells: Option<&Bound<'_, PyAny>>,
+        extra: &Bound<'_, PyTuple>,
         unexpected: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        no_unknown_keywords("DraftTree", unexpected, "tokens, parents, cells")?;
+        no_unknown_keywords("DraftTree", extra, unexpected, "tokens, parents, cells")?;
         let t = token_arg(tokens, "tokens")?.into_vec("tokens")?;
         let p = int_arg(parents, "parents")?.into_vec("parents")?;
         let tree = match cells {
