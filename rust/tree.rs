@@ -5,7 +5,7 @@
 use rustc_hash::FxHashSet;
 
 use crate::edge_cells;
-use crate::error::{Result, invalid};
+use crate::error::{Error, Result, invalid};
 
 const NIL: u32 = u32::MAX;
 /// Largest draft tree built (a breadth-1 logits chain would otherwise grow without end).
@@ -43,8 +43,9 @@ impl DraftTree {
     /// Validate flat arrays and build a tree from them.
     ///
     /// # Errors
-    /// `InvalidArgument` if the arrays are empty or of different lengths, a token is negative,
-    /// the parents are not in BFS order, or two siblings carry the same token.
+    /// `InvalidArgument` if the arrays are empty, of different lengths or longer than
+    /// [`MAX_TREE_NODES`], a token is negative, the parents are not in BFS order, or two
+    /// siblings carry the same token; `OutOfMemory` if the tree's buffers cannot be had.
     pub fn from_parents(tokens: Vec<i32>, parents: Vec<i32>) -> Result<Self> {
         if tokens.is_empty() {
             return Err(invalid("tokens", "a draft tree needs at least the root"));
@@ -55,6 +56,15 @@ impl DraftTree {
                 format!(
                     "length {} differs from tokens length {}",
                     parents.len(),
+                    tokens.len()
+                ),
+            ));
+        }
+        if tokens.len() > MAX_TREE_NODES {
+            return Err(invalid(
+                "tokens",
+                format!(
+                    "a draft tree has at most {MAX_TREE_NODES} nodes, got {}",
                     tokens.len()
                 ),
             ));
@@ -71,8 +81,16 @@ impl DraftTree {
                 format!("parents[0] must be -1 (the root), got {}", parents[0]),
             ));
         }
-        let mut depths = vec![0i32; tokens.len()];
+        // Every buffer sized by the caller's tree is a fallible allocation (`OutOfMemory`, never
+        // an abort).
+        let n = tokens.len();
+        let what = format!("a draft tree of {n} nodes");
+        let mut depths = crate::alloc::filled("tokens", &what, n, 0i32)?;
         let mut seen = FxHashSet::default();
+        seen.try_reserve(n).map_err(|_| Error::OutOfMemory {
+            what: what.clone(),
+            bytes: n.saturating_mul(16),
+        })?;
         for i in 1..tokens.len() {
             let p = parents[i];
             if p < 0 || p as usize >= i {
@@ -95,8 +113,17 @@ impl DraftTree {
                 ));
             }
         }
-        let cells = edge_cells::structural(&parents, &depths);
-        Ok(Self::from_valid(tokens, parents, depths, cells))
+        let cells = edge_cells::structural(&parents, &depths)?;
+        let child_start = crate::alloc::filled("tokens", &what, n + 1, 0u32)?;
+        let children = crate::alloc::filled("tokens", &what, n - 1, 0u32)?;
+        Ok(Self::from_valid(
+            tokens,
+            parents,
+            depths,
+            cells,
+            child_start,
+            children,
+        ))
     }
 
     /// [`DraftTree::from_parents`] with the edge cells given (`NO_CELL` at the root).
@@ -136,27 +163,38 @@ impl DraftTree {
     /// A chain: `tokens[0]` is the root and every next token is the child of the previous one.
     ///
     /// # Errors
-    /// `InvalidArgument` if `tokens` is empty or holds a negative id.
+    /// `InvalidArgument` if `tokens` is empty, longer than [`MAX_TREE_NODES`] or holds a negative id.
     pub fn chain(tokens: &[i32]) -> Result<Self> {
+        check_budget("tokens", tokens.len().max(1))?;
         let parents = (0..tokens.len() as i32).map(|i| i - 1).collect();
         Self::from_parents(tokens.to_vec(), parents)
     }
 
-    fn from_valid(tokens: Vec<i32>, parents: Vec<i32>, depths: Vec<i32>, cells: Vec<i32>) -> Self {
+    /// A tree from checked arrays; `child_start` (`n + 1` zeros) and `children` (`n - 1`) are
+    /// the caller's buffers, so that `from_parents` can allocate them fallibly.
+    fn from_valid(
+        tokens: Vec<i32>,
+        parents: Vec<i32>,
+        depths: Vec<i32>,
+        cells: Vec<i32>,
+        mut child_start: Vec<u32>,
+        mut children: Vec<u32>,
+    ) -> Self {
         let n = tokens.len();
-        let mut child_start = vec![0u32; n + 1];
         for &p in &parents[1..] {
             child_start[p as usize + 1] += 1;
         }
         for i in 0..n {
             child_start[i + 1] += child_start[i];
         }
-        let mut fill = child_start.clone();
-        let mut children = vec![0u32; n.saturating_sub(1)];
+        // `child_start[p]` serves as `p`'s write cursor (no second buffer); afterwards each
+        // entry holds the next node's start, so shift them back by one.
         for (i, &p) in parents.iter().enumerate().skip(1) {
-            children[fill[p as usize] as usize] = i as u32;
-            fill[p as usize] += 1;
+            children[child_start[p as usize] as usize] = i as u32;
+            child_start[p as usize] += 1;
         }
+        child_start.copy_within(0..n, 1);
+        child_start[0] = 0;
         Self {
             tokens,
             parents,
@@ -436,7 +474,15 @@ impl TreeBuilder {
             .map(|&u| self.depths[u as usize] as i32)
             .collect();
         let cells = order.iter().map(|&u| self.cells[u as usize]).collect();
-        DraftTree::from_valid(tokens, parents, depths, cells)
+        // The builder's own size (at most a budget of `MAX_TREE_NODES`), not a caller's array.
+        DraftTree::from_valid(
+            tokens,
+            parents,
+            depths,
+            cells,
+            vec![0; n + 1],
+            vec![0; n.saturating_sub(1)],
+        )
     }
 }
 

@@ -113,6 +113,16 @@ def _msvcrt_lock(module: Any, handle: Any) -> None:
             time.sleep(0.1)
 
 
+def file_identity(path: Path) -> tuple[int, ...]:
+    """What changes whenever a file's content may have changed: size, mtime, ctime, inode, device.
+
+    ``ctime`` changes on every write and cannot be set back, and a replacement has a new inode,
+    so a different file of the same size with the old ``mtime`` restored still differs.
+    """
+    stat = path.stat()
+    return (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev)
+
+
 @contextmanager
 def staged_file(directory: Path, prefix: str) -> Iterator[Path]:
     """A new empty temporary file in ``directory``, removed on exit unless renamed away.

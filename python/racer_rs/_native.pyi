@@ -266,8 +266,15 @@ class LogitsTable:
         assumed to have probability ``2 ** -(j + 1)``.
         """
 
-    def row(self, token: int) -> npt.NDArray[np.int32] | None: ...
-    def row_probs(self, token: int) -> npt.NDArray[np.float32] | None: ...
+    def row(self, token: int) -> npt.NDArray[np.int32] | None:
+        """Row ``token``'s ids, or ``None`` if it was never written.
+
+        Raises:
+            InvalidArgumentError: ``token`` is not in ``[0, vocab_size)``.
+        """
+
+    def row_probs(self, token: int) -> npt.NDArray[np.float32] | None:
+        """Row ``token``'s probabilities, or ``None`` if it was never written (as :meth:`row`)."""
     def clear(self) -> None: ...
     def memory_bytes(self) -> int: ...
     def expand(self, root: int, budget: int, exempt_depth: int = 1) -> DraftTree:

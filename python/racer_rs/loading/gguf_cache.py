@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from racer_rs._io import file_digest, file_lock, retry_while_in_use, write_text_atomically
+from racer_rs._io import file_digest, file_identity, file_lock, retry_while_in_use, write_text_atomically
 
 CACHE_ENV = "RACER_RS_CACHE"
 #: Bumped whenever an entry's layout changes; entries of another format are rebuilt.
@@ -68,12 +68,6 @@ def cache_root() -> Path:
 
 
 # --- verified stamps ----------------------------------------------------------------------
-
-
-def file_identity(path: Path) -> tuple[int, ...]:
-    """What changes whenever a file's content may have changed: size, mtime, ctime, inode, device."""
-    stat = path.stat()
-    return (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev)
 
 
 def stamp_matches(stamp: Path, files: Mapping[str, Path], digest: str) -> bool:
