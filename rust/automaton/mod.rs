@@ -31,6 +31,7 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use rustc_hash::FxHashMap;
 
+use crate::alloc::{grow, hash_map_bytes, out_of_memory};
 use crate::error::{Error, Result, invalid};
 
 const NIL: u32 = u32::MAX;
@@ -107,6 +108,9 @@ pub struct Automaton {
     /// is then ignored.
     epoch: u32,
     chain: Vec<u32>,
+    /// An LRU entry was dropped because the heap could not grow (out of memory): the heap is
+    /// rebuilt before an eviction finds no victim.
+    lru_lost: bool,
 }
 
 fn key(parent: u32, token: u32) -> u64 {
@@ -156,8 +160,19 @@ impl Automaton {
     /// of one window (`ngram * (ngram + 1) / 2`), or `min_depth` is outside `1..=ngram`.
     pub fn new(ngram: usize, capacity: usize, min_depth: usize) -> Result<Self> {
         Self::check_options(ngram, capacity, min_depth)?;
-        let mut nodes = Vec::with_capacity((capacity + 1).min(1 << 16));
+        // Nothing is reserved for the node budget: every container grows with what it holds,
+        // fallibly (`reserve_step`), so an empty automaton costs a few hundred bytes.
+        let what = "an automaton";
+        let mut nodes = Vec::new();
+        grow(&mut nodes, 1, what)?;
         nodes.push(Node::root());
+        let mut recent = VecDeque::new();
+        recent
+            .try_reserve_exact(ngram)
+            .map_err(|_| out_of_memory(what, 4 * ngram))?;
+        let (mut pinned, mut chain) = (Vec::new(), Vec::new());
+        grow(&mut pinned, 2 * ngram + 2, what)?;
+        grow(&mut chain, ngram + 1, what)?;
         Ok(Self {
             ngram,
             capacity,
@@ -170,10 +185,11 @@ impl Automaton {
             tick: 0,
             state: ROOT,
             state_generation: 0,
-            recent: VecDeque::with_capacity(ngram + 1),
-            pinned: Vec::with_capacity(2 * ngram + 2),
-            chain: Vec::with_capacity(ngram + 1),
+            recent,
+            pinned,
+            chain,
             epoch: 0,
+            lru_lost: false,
         })
     }
 
@@ -213,14 +229,18 @@ impl Automaton {
         self.nodes[self.state as usize].depth as usize
     }
 
-    /// Approximate heap memory in bytes.
+    /// Heap memory held, in bytes: the capacity of every container (what was allocated, not
+    /// only what is in use).
     #[must_use]
     pub fn memory_bytes(&self) -> usize {
         self.nodes.capacity() * size_of::<Node>()
-            + self.goto.capacity() * (size_of::<(u64, u32)>() + 1)
+            + hash_map_bytes(self.goto.capacity(), size_of::<(u64, u32)>())
             + self.lru.capacity() * size_of::<LruEntry>()
-            + self.free.capacity() * 4
-            + self.recent.capacity() * 4
+            + (self.free.capacity()
+                + self.recent.capacity()
+                + self.pinned.capacity()
+                + self.chain.capacity())
+                * size_of::<u32>()
     }
 
     /// Append tokens to the context. Every substring of length `1..=ngram` that ends at a new
@@ -241,8 +261,25 @@ impl Automaton {
         Ok(())
     }
 
+    /// Room for everything one `extend_one` step can add (a node, a map entry, a free slot and
+    /// three LRU entries per chain node), so a step that starts cannot fail halfway.
+    fn reserve_step(&mut self, steps: usize) -> Result<()> {
+        let what = "the automaton's nodes";
+        if self.free.len() < steps {
+            grow(&mut self.nodes, steps, what)?;
+        }
+        grow(&mut self.free, steps, what)?;
+        self.goto
+            .try_reserve(steps)
+            .map_err(|_| out_of_memory(what, steps * size_of::<(u64, u32)>()))?;
+        self.lru
+            .try_reserve(3 * steps)
+            .map_err(|_| out_of_memory(what, 3 * steps * size_of::<LruEntry>()))
+    }
+
     fn extend_one(&mut self, x: u32) -> Result<()> {
         self.ensure_state();
+        self.reserve_step(self.ngram)?;
         self.tick += 1;
         // The failure chain of the state lists every context suffix, deepest first; suffixes of
         // length `ngram` cannot grow, so they are skipped.
@@ -338,6 +375,12 @@ impl Automaton {
 
     fn push_if_evictable(&mut self, v: u32) {
         if self.is_evictable(v) {
+            // Outside `extend` (recency updates) the heap may need to grow; when it cannot, the
+            // entry is dropped and the heap rebuilt before it is needed, never an abort.
+            if self.lru.len() == self.lru.capacity() && self.lru.try_reserve(1).is_err() {
+                self.lru_lost = true;
+                return;
+            }
             let n = &self.nodes[v as usize];
             self.lru.push(Reverse((n.tick, v, n.generation)));
         }
@@ -345,6 +388,7 @@ impl Automaton {
 
     fn rebuild_lru(&mut self) {
         self.lru.clear();
+        self.lru_lost = false;
         for v in 1..self.nodes.len() as u32 {
             self.push_if_evictable(v);
         }
@@ -352,6 +396,19 @@ impl Automaton {
 
     /// Evict the least recently used node that nothing depends on and `extend` does not need.
     fn evict_one(&mut self) -> Result<()> {
+        let mut victim = self.pop_victim();
+        if victim.is_none() && self.lru_lost {
+            self.rebuild_lru();
+            victim = self.pop_victim();
+        }
+        let v = victim
+            .ok_or_else(|| Error::Integrity("no evictable node under the node budget".into()))?;
+        self.remove(v);
+        Ok(())
+    }
+
+    /// Pop the least recently used node that can be evicted now, if any.
+    fn pop_victim(&mut self) -> Option<u32> {
         let mut skipped = Vec::new();
         let victim = loop {
             let Some(Reverse((tick, v, generation))) = self.lru.pop() else {
@@ -368,10 +425,7 @@ impl Automaton {
             break Some(v);
         };
         self.lru.extend(skipped);
-        let v = victim
-            .ok_or_else(|| Error::Integrity("no evictable node under the node budget".into()))?;
-        self.remove(v);
-        Ok(())
+        victim
     }
 
     fn remove(&mut self, v: u32) {
@@ -433,11 +487,14 @@ impl Automaton {
 
     /// Forget everything.
     pub fn clear(&mut self) {
+        // Memory follows what is held: the containers are released, not only emptied.
         self.nodes.truncate(1);
+        self.nodes.shrink_to_fit();
         self.nodes[0] = Node::root();
-        self.goto.clear();
-        self.free.clear();
-        self.lru.clear();
+        self.goto = FxHashMap::default();
+        self.free = Vec::new();
+        self.lru = BinaryHeap::new();
+        self.lru_lost = false;
         self.live = 0;
         self.epoch = self.epoch.wrapping_add(1);
         self.new_sequence();
