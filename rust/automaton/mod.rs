@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod integrity;
+mod lru;
 mod persist;
 mod retrieve;
 
@@ -26,11 +27,11 @@ pub(crate) use retrieve::PRUNE;
 pub(crate) use retrieve::push_best;
 pub use retrieve::{Recency, Source};
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
+use self::lru::LruQueue;
 use crate::alloc::{grow, hash_map_bytes, out_of_memory};
 use crate::error::{Error, Result, invalid};
 
@@ -81,9 +82,6 @@ impl Node {
     }
 }
 
-/// An LRU entry: an evictable node as of `tick`. Stale entries are skipped when popped.
-type LruEntry = Reverse<(u64, u32, u32)>;
-
 /// Aho-Corasick automaton over token ids with a hard node budget.
 #[derive(Debug, Clone)]
 pub struct Automaton {
@@ -96,7 +94,7 @@ pub struct Automaton {
     free: Vec<u32>,
     live: usize,
     /// Min-heap of evictable nodes by last use (lazy deletion).
-    lru: BinaryHeap<LruEntry>,
+    lru: LruQueue,
     tick: u64,
     state: u32,
     state_generation: u32,
@@ -181,7 +179,7 @@ impl Automaton {
             goto: FxHashMap::default(),
             free: Vec::new(),
             live: 0,
-            lru: BinaryHeap::new(),
+            lru: LruQueue::default(),
             tick: 0,
             state: ROOT,
             state_generation: 0,
@@ -235,7 +233,7 @@ impl Automaton {
     pub fn memory_bytes(&self) -> usize {
         self.nodes.capacity() * size_of::<Node>()
             + hash_map_bytes(self.goto.capacity(), size_of::<(u64, u32)>())
-            + self.lru.capacity() * size_of::<LruEntry>()
+            + self.lru.memory_bytes()
             + (self.free.capacity()
                 + self.recent.capacity()
                 + self.pinned.capacity()
@@ -261,8 +259,9 @@ impl Automaton {
         Ok(())
     }
 
-    /// Room for everything one `extend_one` step can add (a node, a map entry, a free slot and
-    /// three LRU entries per chain node), so a step that starts cannot fail halfway.
+    /// Room for everything one `extend_one` step can add (a node, a map entry and a free slot
+    /// per chain node), so a step that starts cannot fail halfway (the LRU queue drops an entry
+    /// it has no memory for and is rebuilt later, see `push_if_evictable`).
     fn reserve_step(&mut self, steps: usize) -> Result<()> {
         let what = "the automaton's nodes";
         if self.free.len() < steps {
@@ -271,10 +270,7 @@ impl Automaton {
         grow(&mut self.free, steps, what)?;
         self.goto
             .try_reserve(steps)
-            .map_err(|_| out_of_memory(what, steps * size_of::<(u64, u32)>()))?;
-        self.lru
-            .try_reserve(3 * steps)
-            .map_err(|_| out_of_memory(what, 3 * steps * size_of::<LruEntry>()))
+            .map_err(|_| out_of_memory(what, steps * size_of::<(u64, u32)>()))
     }
 
     fn extend_one(&mut self, x: u32) -> Result<()> {
@@ -296,16 +292,27 @@ impl Automaton {
         }
         self.pinned.clear();
         self.pinned.extend_from_slice(&self.chain);
-        let mut shorter = ROOT;
-        for i in (0..self.chain.len()).rev() {
-            let parent = self.chain[i];
-            let v = match self.goto.get(&key(parent, x)) {
-                Some(&v) => v,
-                None => self.create(parent, x, shorter)?,
-            };
+        // Suffix closure: if `s + x` is a node, so is `s' + x` for every suffix `s'` of `s`, and
+        // the failure chain of the first lists the others. So the links are looked up deepest
+        // first only until one exists; the shallower nodes are its failure chain, no hashing.
+        let n = self.chain.len();
+        let (found, hit) = (0..n)
+            .find_map(|i| self.goto.get(&key(self.chain[i], x)).map(|&v| (i, v)))
+            .unwrap_or((n, ROOT));
+        let mut v = hit;
+        for _ in found..n {
             let node = &mut self.nodes[v as usize];
             node.count = node.count.saturating_add(1);
             node.tick = self.tick;
+            self.pinned.push(v);
+            v = node.fail;
+        }
+        // The missing ones, shallowest first, each failing to the one just below it.
+        let mut shorter = hit;
+        for i in (0..found).rev() {
+            let v = self.create(self.chain[i], x, shorter)?;
+            let node = &mut self.nodes[v as usize];
+            node.count = node.count.saturating_add(1);
             self.pinned.push(v);
             shorter = v;
         }
@@ -375,23 +382,27 @@ impl Automaton {
 
     fn push_if_evictable(&mut self, v: u32) {
         if self.is_evictable(v) {
-            // Outside `extend` (recency updates) the heap may need to grow; when it cannot, the
-            // entry is dropped and the heap rebuilt before it is needed, never an abort.
-            if self.lru.len() == self.lru.capacity() && self.lru.try_reserve(1).is_err() {
+            // When the queue cannot grow, the entry is dropped and the queue rebuilt before it
+            // is needed, never an abort.
+            if !self.lru.push(self.nodes[v as usize].tick, v) {
                 self.lru_lost = true;
-                return;
             }
-            let n = &self.nodes[v as usize];
-            self.lru.push(Reverse((n.tick, v, n.generation)));
         }
     }
 
     fn rebuild_lru(&mut self) {
-        self.lru.clear();
-        self.lru_lost = false;
-        for v in 1..self.nodes.len() as u32 {
-            self.push_if_evictable(v);
+        let mut entries = Vec::new();
+        if entries.try_reserve_exact(self.live).is_err() {
+            self.lru.clear();
+            self.lru_lost = true;
+            return;
         }
+        entries.extend(
+            (1..self.nodes.len() as u32)
+                .filter(|&v| self.is_evictable(v))
+                .map(|v| (self.nodes[v as usize].tick, v)),
+        );
+        self.lru_lost = !self.lru.rebuild(entries);
     }
 
     /// Evict the least recently used node that nothing depends on and `extend` does not need.
@@ -411,20 +422,24 @@ impl Automaton {
     fn pop_victim(&mut self) -> Option<u32> {
         let mut skipped = Vec::new();
         let victim = loop {
-            let Some(Reverse((tick, v, generation))) = self.lru.pop() else {
+            let Some((tick, v)) = self.lru.pop() else {
                 break None;
             };
-            let n = &self.nodes[v as usize];
-            if !self.is_evictable(v) || n.generation != generation || n.tick != tick {
-                continue; // stale entry
+            // Stale: used again since (a newer entry exists) or no longer evictable. A
+            // recycled slot never matches an old entry's tick, as nodes are only evicted in a
+            // later step than their last use.
+            if !self.is_evictable(v) || self.nodes[v as usize].tick != tick {
+                continue;
             }
             if self.pinned.contains(&v) {
-                skipped.push(Reverse((tick, v, generation)));
+                skipped.push((tick, v));
                 continue;
             }
             break Some(v);
         };
-        self.lru.extend(skipped);
+        for (tick, v) in skipped {
+            self.lru_lost |= !self.lru.push(tick, v);
+        }
         victim
     }
 
@@ -493,7 +508,7 @@ impl Automaton {
         self.nodes[0] = Node::root();
         self.goto = FxHashMap::default();
         self.free = Vec::new();
-        self.lru = BinaryHeap::new();
+        self.lru = LruQueue::default();
         self.lru_lost = false;
         self.live = 0;
         self.epoch = self.epoch.wrapping_add(1);
