@@ -24,6 +24,7 @@ mod retrieve;
 pub use persist::{FORMAT_VERSION, MAGIC, write_atomic};
 #[cfg(test)]
 pub(crate) use retrieve::PRUNE;
+use retrieve::Scratch;
 pub(crate) use retrieve::push_best;
 pub use retrieve::{Recency, Source};
 
@@ -109,6 +110,8 @@ pub struct Automaton {
     /// An LRU entry was dropped because the heap could not grow (out of memory): the heap is
     /// rebuilt before an eviction finds no victim.
     lru_lost: bool,
+    /// Buffers of the request's own retrieval builds.
+    scratch: Scratch,
 }
 
 fn key(parent: u32, token: u32) -> u64 {
@@ -188,6 +191,7 @@ impl Automaton {
             chain,
             epoch: 0,
             lru_lost: false,
+            scratch: Scratch::default(),
         })
     }
 
@@ -234,6 +238,7 @@ impl Automaton {
         self.nodes.capacity() * size_of::<Node>()
             + hash_map_bytes(self.goto.capacity(), size_of::<(u64, u32)>())
             + self.lru.memory_bytes()
+            + self.scratch.memory_bytes()
             + (self.free.capacity()
                 + self.recent.capacity()
                 + self.pinned.capacity()
@@ -509,6 +514,7 @@ impl Automaton {
         self.goto = FxHashMap::default();
         self.free = Vec::new();
         self.lru = LruQueue::default();
+        self.scratch = Scratch::default();
         self.lru_lost = false;
         self.live = 0;
         self.epoch = self.epoch.wrapping_add(1);
