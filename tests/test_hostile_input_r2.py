@@ -414,8 +414,13 @@ _CHILD = textwrap.dedent(
     kept = []
     try:
         if case == "automata":
+            # Each automaton holds what it stores (no up-front reservation): fill them until the
+            # address space runs out, in the automata's own growth.
+            stream = (np.arange(4096, dtype=np.int32) * 7919) % 50_021
             for _ in range(200_000):
-                kept.append(racer_rs.Automaton(max_nodes=10_000))
+                automaton = racer_rs.Automaton(max_nodes=100_000)
+                automaton.extend(stream)
+                kept.append(automaton)
         elif case == "tables":
             for _ in range(100):
                 kept.append(racer_rs.LogitsTable(2**20, 64))
@@ -443,13 +448,8 @@ _CHILD = textwrap.dedent(
     """
 )
 
-RESERVATION = pytest.mark.xfail(
-    strict=True,
-    reason="reservation removed on branch qcore (rust/automaton/mod.rs reserves up to 65,536 nodes "
-    "with an infallible Vec::with_capacity: the process aborts)",
-)
 MEMORY_CASES = [
-    pytest.param("automata", marks=RESERVATION),
+    "automata",
     "tables",
     "pool requests",
     "a large argument",
