@@ -221,7 +221,7 @@ def check_batch_request(
             raise InvalidArgumentError(
                 f"max_capacity ({max_capacity}) must be below the model's window of {window} positions"
             )
-    drafting = make_batch_drafting(method, model, len(batch), vocab, method_options)
+    drafting = make_batch_drafting(method, model, len(batch), vocab, method_options, calibrated=auto)
     return BatchRequest(
         verifier=verifier,
         prompts=batch,

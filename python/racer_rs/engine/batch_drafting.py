@@ -83,9 +83,11 @@ class PoolDrafting(BatchDrafting):
         drafter: a :class:`RacerDrafter` built with the request's options (it validates them
             and names the sources and tree kind; it drafts nothing itself).
         vocab: the target's vocabulary size.
+        calibrated: the policy passes an edge calibration (``capacity="auto"``): a
+            ``tree="auto"`` drafter's pool builds scored trees.
     """
 
-    def __init__(self, drafter: RacerDrafter, vocab: int) -> None:
+    def __init__(self, drafter: RacerDrafter, vocab: int, calibrated: bool = False) -> None:
         if drafter.persistent:
             raise UnsupportedError(
                 f"method {drafter.name!r}: persistent=True is not supported by generate_batch (every row keeps "
@@ -93,7 +95,7 @@ class PoolDrafting(BatchDrafting):
             )
         options = drafter.options
         self.name = drafter.name
-        self.scored = drafter.scored
+        self.scored = drafter.builds_scored(calibrated)
         self.use_retrieval = drafter.use_retrieval
         self.use_logits = drafter.use_logits
         self.needs_topk = drafter.needs_topk
@@ -105,7 +107,7 @@ class PoolDrafting(BatchDrafting):
             breadth=options.breadth,
             min_depth=options.min_depth,
             exempt_depth=options.exempt_depth,
-            tree="scored" if drafter.scored else "halving",
+            tree="scored" if self.scored else "halving",
             min_score=options.min_score,
             use_retrieval=drafter.use_retrieval,
             use_logits=drafter.use_logits,
@@ -208,8 +210,11 @@ class RowDrafting(BatchDrafting):
         return dict(self.drafters[row].stats())
 
 
-def make_batch_drafting(method: str, model: Any, rows: int, vocab: int, options: dict[str, Any]) -> BatchDrafting:
-    """The batch drafting of ``method`` for ``rows`` rows (options checked by the method's factory).
+def make_batch_drafting(
+    method: str, model: Any, rows: int, vocab: int, options: dict[str, Any], calibrated: bool = False
+) -> BatchDrafting:
+    """The batch drafting of ``method`` for ``rows`` rows (options checked by the method's factory);
+    ``calibrated``: the capacity policy passes edge calibrations (``capacity="auto"``).
 
     Raises:
         UnsupportedError: a draft-model method, or an option the batch cannot honour.
@@ -224,5 +229,5 @@ def make_batch_drafting(method: str, model: Any, rows: int, vocab: int, options:
     if method in POOL_METHODS:
         if not isinstance(first, RacerDrafter):
             raise InvalidTypeError(f"method {method!r} did not build a RacerDrafter")
-        return PoolDrafting(first, vocab)
+        return PoolDrafting(first, vocab, calibrated)
     return RowDrafting([first] + [make_drafter(method, model, **options) for _ in range(rows - 1)])
