@@ -244,10 +244,6 @@ mod tests {
         for m in 1..=8 {
             all.extend((0..5).map(|s| shared_retrieval(m, (s as f32 + 0.5) / 5.0)));
         }
-        let mut sorted = all.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        assert_eq!(sorted.len(), EDGE_CELLS);
         for m in 1..=8 {
             for e in 0..10 {
                 let estimate = (e as f32 + 0.5) / 10.0;
@@ -255,6 +251,10 @@ mod tests {
                 all.push(by_estimate(shared_retrieval(m, 0.5), estimate));
             }
         }
+        let mut sorted = all.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), EDGE_CELLS);
         assert_eq!(EDGE_CELLS, 266);
         assert_eq!(all.iter().copied().max(), Some(EDGE_CELLS as i32 - 1));
         assert_eq!(priors().len(), EDGE_CELLS);
