@@ -56,7 +56,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model, tokenizer = racer_rs.load_model(args.model, dtype=args.dtype, device="cpu")
     prompts = [first_turn(tokenizer, q) for q in load_benchmark(args.data, args.limit)]
-    measured_cost, cache_dir = state.cost_model, state.state_dir
+    measured_cost, save_cost, cache_dir = state.cost_model, state.save_cost_model, state.state_dir
     rows = []
     for index, per_node in enumerate(args.per_node.split(",")):
         # Every curve starts from fresh calibrations (no warm start from another curve's run,
@@ -67,10 +67,12 @@ def main() -> None:
                 Path(folder) / kind if kind == "calibration" else cache_dir(kind)
             )
             if per_node == "measured":
-                state.cost_model = measured_cost  # type: ignore[assignment]
+                state.cost_model, state.save_cost_model = measured_cost, save_cost  # type: ignore[assignment]
             else:
+                # A frozen curve is never stored in place of the model's measured one.
                 c = float(per_node)
                 state.cost_model = lambda model, max_capacity, c=c: linear_cost(c)  # type: ignore[assignment]
+                state.save_cost_model = lambda model, cost: None  # type: ignore[assignment]
             methods: dict[str, MethodSpec | str] = {
                 f"{m}@auto": MethodSpec(m, capacity="auto") for m in args.methods.split(",")
             }
