@@ -349,7 +349,10 @@ impl<'a> ScoredBuild<'a> {
         };
         let scratch = &mut self.scratch;
         scratch.clear();
-        automaton.for_each_continuation(trie, source, |token, p, child, cell| {
+        automaton.for_each_continuation(trie, source, |token, p, child, share_cell| {
+            // `p` is the count estimate `count / (parent count + 1)`: its cell (by match
+            // length and estimate) is what a calibration learns.
+            let cell = edge_cells::by_estimate(share_cell, p);
             scratch.push(Scored {
                 score: score * calibration.map_or(p, |c| c[cell as usize]),
                 token,

@@ -15,7 +15,11 @@
 //!   string (1..=8) and the continuation's share of the string's occurrences (fifths);
 //! - shared-retrieval edges, from an automaton shared across requests (past responses, a
 //!   corpus), by the same match length and share: a continuation seen in other requests may be
-//!   more or less reliable than one seen in this request, so calibration learns them apart.
+//!   more or less reliable than one seen in this request, so calibration learns them apart;
+//! - the scored build's retrieval edges, request's own then shared, by match length and the
+//!   continuation's count estimate `count / (parent count + 1)` in tenths: unlike the raw
+//!   share, the estimate grows with the evidence (a continuation seen once after a string seen
+//!   once is 1/2, seen 9 times after 9 is 9/10), as SuffixDecoding's count ratio does.
 //!
 //! New blocks are appended, so the offsets of the older ones never move.
 #![forbid(unsafe_code)]
@@ -31,9 +35,12 @@ const LOGITS_PROB: usize = CHAIN + DEPTH_BUCKETS;
 const LOGITS_RANK: usize = LOGITS_PROB + PROB_BUCKETS;
 const RETRIEVAL: usize = LOGITS_RANK + RANK_BUCKETS;
 const SHARED_RETRIEVAL: usize = RETRIEVAL + MATCH_BUCKETS * SHARE_BUCKETS;
+const ESTIMATE_BUCKETS: usize = 10;
+const RETRIEVAL_ESTIMATE: usize = SHARED_RETRIEVAL + MATCH_BUCKETS * SHARE_BUCKETS;
+const SHARED_ESTIMATE: usize = RETRIEVAL_ESTIMATE + MATCH_BUCKETS * ESTIMATE_BUCKETS;
 
 /// Number of edge cells.
-pub const EDGE_CELLS: usize = SHARED_RETRIEVAL + MATCH_BUCKETS * SHARE_BUCKETS;
+pub const EDGE_CELLS: usize = SHARED_ESTIMATE + MATCH_BUCKETS * ESTIMATE_BUCKETS;
 /// The cell of the root, which has no edge.
 pub const NO_CELL: i32 = -1;
 
@@ -84,6 +91,27 @@ pub fn shared_retrieval(match_len: usize, share: f32) -> i32 {
     cell(SHARED_RETRIEVAL + match_share(match_len, share))
 }
 
+/// The scored build's cell of a retrieval edge: `cell` is the edge's share cell (from
+/// [`retrieval`] or [`shared_retrieval`], which give its source and match length) and
+/// `estimate` the continuation's count estimate `count / (parent count + 1)`. Any other cell is
+/// returned as it is.
+#[must_use]
+#[allow(clippy::cast_sign_loss)]
+pub fn by_estimate(cell: i32, estimate: f32) -> i32 {
+    let block = match kind(cell) {
+        EdgeKind::Retrieval if (cell as usize) < SHARED_RETRIEVAL => RETRIEVAL_ESTIMATE,
+        EdgeKind::SharedRetrieval if (cell as usize) < RETRIEVAL_ESTIMATE => SHARED_ESTIMATE,
+        _ => return cell,
+    };
+    let start = if block == RETRIEVAL_ESTIMATE {
+        RETRIEVAL
+    } else {
+        SHARED_RETRIEVAL
+    };
+    let m = (cell as usize - start) / SHARE_BUCKETS;
+    self::cell(block + m * ESTIMATE_BUCKETS + bucket(estimate, ESTIMATE_BUCKETS))
+}
+
 /// Offset of `(match_len, share)` inside a retrieval block.
 fn match_share(match_len: usize, share: f32) -> usize {
     let m = match_len.clamp(1, MATCH_BUCKETS) - 1;
@@ -113,13 +141,15 @@ pub fn kind(cell: i32) -> EdgeKind {
         Ok(c) if c < LOGITS_PROB => EdgeKind::Chain,
         Ok(c) if c < RETRIEVAL => EdgeKind::Logits,
         Ok(c) if c < SHARED_RETRIEVAL => EdgeKind::Retrieval,
+        Ok(c) if c < RETRIEVAL_ESTIMATE => EdgeKind::SharedRetrieval,
+        Ok(c) if c < SHARED_ESTIMATE => EdgeKind::Retrieval,
         Ok(_) => EdgeKind::SharedRetrieval,
     }
 }
 
 /// A prior acceptance probability per cell: the raw estimate the cell stands for (a bucket's
-/// midpoint, `2^-(rank + 1)` for ranks so that siblings sum below 1, 0.5 for chains; both
-/// retrieval blocks by their share's midpoint), used before any outcome is seen.
+/// midpoint, `2^-(rank + 1)` for ranks so that siblings sum below 1, 0.5 for chains; the
+/// retrieval blocks by their share's or estimate's midpoint), used before any outcome is seen.
 #[must_use]
 #[allow(clippy::cast_precision_loss)]
 pub fn priors() -> Vec<f32> {
@@ -137,7 +167,40 @@ pub fn priors() -> Vec<f32> {
             }
         }
     }
+    for block in [RETRIEVAL_ESTIMATE, SHARED_ESTIMATE] {
+        for m in 0..MATCH_BUCKETS {
+            for e in 0..ESTIMATE_BUCKETS {
+                p[block + m * ESTIMATE_BUCKETS + e] = (e as f32 + 0.5) / ESTIMATE_BUCKETS as f32;
+            }
+        }
+    }
     p
+}
+
+/// Cells whose acceptance must not fall as their raw estimate rises: `groups[c]` names the
+/// group of cell `c` (-1: none). Within a group, cells are in ascending order of the estimate
+/// they stand for (copy-logit probability buckets; each retrieval block's share or estimate
+/// buckets at one match length), so a calibration can keep each group non-decreasing.
+#[must_use]
+pub fn monotone_groups() -> Vec<i32> {
+    let mut groups = vec![-1; EDGE_CELLS];
+    let mut next = 0;
+    let mut group = |start: usize, len: usize, groups: &mut Vec<i32>| {
+        groups[start..start + len].fill(next);
+        next += 1;
+    };
+    group(LOGITS_PROB, PROB_BUCKETS, &mut groups);
+    for block in [RETRIEVAL, SHARED_RETRIEVAL] {
+        for m in 0..MATCH_BUCKETS {
+            group(block + m * SHARE_BUCKETS, SHARE_BUCKETS, &mut groups);
+        }
+    }
+    for block in [RETRIEVAL_ESTIMATE, SHARED_ESTIMATE] {
+        for m in 0..MATCH_BUCKETS {
+            group(block + m * ESTIMATE_BUCKETS, ESTIMATE_BUCKETS, &mut groups);
+        }
+    }
+    groups
 }
 
 /// Default cells of a tree that no drafter classified: a chain gets chain cells by depth,
@@ -184,18 +247,63 @@ mod tests {
         for m in 1..=8 {
             all.extend((0..5).map(|s| shared_retrieval(m, (s as f32 + 0.5) / 5.0)));
         }
+        for m in 1..=8 {
+            for e in 0..10 {
+                let estimate = (e as f32 + 0.5) / 10.0;
+                all.push(by_estimate(retrieval(m, 0.5), estimate));
+                all.push(by_estimate(shared_retrieval(m, 0.5), estimate));
+            }
+        }
         let mut sorted = all.clone();
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), EDGE_CELLS);
-        assert_eq!(EDGE_CELLS, 106);
+        assert_eq!(EDGE_CELLS, 266);
         assert_eq!(all.iter().copied().max(), Some(EDGE_CELLS as i32 - 1));
         assert_eq!(priors().len(), EDGE_CELLS);
         assert_eq!(chain(30), chain(8));
         assert_eq!(logits(0, Some(1.0)), logits(0, Some(0.95)));
         assert_eq!(retrieval(0, 0.0), retrieval(1, 0.1));
         assert_eq!(shared_retrieval(0, 0.0), shared_retrieval(1, 0.1));
-        assert_eq!(shared_retrieval(30, 1.0), EDGE_CELLS as i32 - 1);
+        assert_eq!(shared_retrieval(30, 1.0), 105);
+        assert_eq!(
+            by_estimate(shared_retrieval(30, 0.0), 1.0),
+            EDGE_CELLS as i32 - 1
+        );
+    }
+
+    #[test]
+    fn estimate_cells_keep_source_and_match_length_and_rise_with_the_estimate() {
+        let p = priors();
+        let groups = monotone_groups();
+        for m in 1..=8 {
+            for (share_cell, k) in [
+                (retrieval(m, 0.3), EdgeKind::Retrieval),
+                (shared_retrieval(m, 0.9), EdgeKind::SharedRetrieval),
+            ] {
+                let cells: Vec<i32> = (0..=20)
+                    .map(|i| by_estimate(share_cell, i as f32 / 20.0))
+                    .collect();
+                assert!(cells.iter().all(|&c| kind(c) == k));
+                assert!(cells.windows(2).all(|w| w[0] <= w[1]));
+                assert!(
+                    cells
+                        .windows(2)
+                        .all(|w| p[w[0] as usize] <= p[w[1] as usize])
+                );
+                let g = groups[cells[0] as usize];
+                assert!(g >= 0 && cells.iter().all(|&c| groups[c as usize] == g));
+                // Another match length is another group.
+                let other = by_estimate(retrieval(m % 8 + 1, 0.3), 0.5);
+                assert_ne!(groups[other as usize], groups[cells[10] as usize]);
+            }
+        }
+        assert_eq!(by_estimate(chain(2), 0.9), chain(2));
+        assert_eq!(by_estimate(logits(1, None), 0.9), logits(1, None));
+        let estimate_cell = by_estimate(retrieval(3, 0.3), 0.5);
+        assert_eq!(by_estimate(estimate_cell, 0.9), estimate_cell);
+        assert_eq!(groups[chain(1) as usize], -1);
+        assert_eq!(groups[logits(0, None) as usize], -1);
     }
 
     #[test]

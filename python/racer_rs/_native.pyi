@@ -9,12 +9,14 @@ import numpy.typing as npt
 
 __version__: str
 EDGE_CELLS: int
-"""Number of edge cells (106): the kinds of draft-tree edge acceptance is calibrated by. In order:
+"""Number of edge cells (266): the kinds of draft-tree edge acceptance is calibrated by. In order:
 chain edges by depth (cells 0-7), copy-logit edges by stored probability in tenths (8-17) or by
 rank (18-25), retrieval edges from the request's automaton by matched length 1-8 and
 continuation share in fifths (26-65), and the same 40 for retrieval from a shared automaton
 (``build_draft_tree(..., shared=...)``, cells 66-105), so calibration learns how reliable
-cross-request continuations are."""
+cross-request continuations are; then the scored build's retrieval edges by matched length 1-8
+and the count estimate ``count / (parent count + 1)`` in tenths, the request's own (106-185) and
+the shared automaton's (186-265)."""
 
 __all__ = [
     "EDGE_CELLS",
@@ -25,6 +27,7 @@ __all__ = [
     "LogitsTable",
     "__version__",
     "build_draft_tree",
+    "edge_cell_groups",
     "edge_cell_priors",
     "prompt_lookup",
 ]
@@ -355,6 +358,11 @@ def build_draft_tree(
             ``shared`` is ``automaton`` itself.
         TypeError: if an argument has the wrong type.
     """
+
+def edge_cell_groups() -> npt.NDArray[np.int32]:
+    """``int32[EDGE_CELLS]``: the monotone group of every edge cell (``-1``: none). Within a
+    group, cells stand for ascending raw estimates (copy-logit probability buckets, a retrieval
+    block's buckets at one match length): a calibration keeps each group non-decreasing."""
 
 def edge_cell_priors() -> npt.NDArray[np.float32]:
     """``float32[EDGE_CELLS]``: the raw acceptance estimate each edge cell stands for, a prior

@@ -19,7 +19,7 @@ mod _native {
     #[pymodule_export]
     use super::draft::build_draft_tree;
     #[pymodule_export]
-    use super::edge_cells::edge_cell_priors;
+    use super::edge_cells::{edge_cell_groups, edge_cell_priors};
     #[pymodule_export]
     use super::logits_table::PyLogitsTable;
     #[pymodule_export]

@@ -19,6 +19,7 @@ pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
 from racer_rs import EDGE_CELLS, DraftTree, edge_cell_priors  # noqa: E402
+from racer_rs._native import edge_cell_groups  # noqa: E402
 from racer_rs.autosize import state as tree_state  # noqa: E402
 from racer_rs.autosize.calibration import PRIOR_WEIGHT, EdgeCalibration, path_probabilities  # noqa: E402
 from racer_rs.autosize.cost_model import CostModel  # noqa: E402
@@ -183,8 +184,11 @@ def test_calibration_converges_to_a_known_acceptance_rate(rate):
     outcomes = rng.random(5000) < rate
     calibration.observe(np.full(5000, cell), outcomes)
     assert calibration.probabilities()[cell] == pytest.approx(rate, abs=0.02)
-    untouched = np.delete(np.arange(EDGE_CELLS), cell)
+    # Cells outside the cell's monotone group keep their priors; inside, none rises above it.
+    group = edge_cell_groups() == edge_cell_groups()[cell]
+    untouched = ~group
     assert np.allclose(calibration.probabilities()[untouched], edge_cell_priors()[untouched])
+    assert np.all(calibration.probabilities()[group][:-1] <= calibration.probabilities()[cell] + 1e-6)
 
 
 def test_a_calibration_that_ignores_outcomes_fails_the_convergence_check():

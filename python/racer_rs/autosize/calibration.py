@@ -19,6 +19,11 @@ speculative sampling) acceptance is randomised, and only verified nodes are obse
 choice then verifies a drafted token now and then even when plain decoding looks best
 (:data:`racer_rs.autosize.sizer.EXPLORE_AFTER`), or a low estimate could never be corrected.
 
+Cells of one monotone group (:func:`racer_rs._native.edge_cell_groups`: copy-logit probability
+buckets, retrieval count-estimate buckets at one match length) stand for rising raw estimates, so
+their calibrated probabilities are kept non-decreasing across the group (a weighted isotonic
+fit): more evidence for a continuation never makes it less likely, however noisy the counts.
+
 Per-cell estimates are noisy, and a size choice keeps the nodes whose estimates came out high,
 so summed path probabilities overstate what a chosen tree commits (and products along a path
 assume independence). One more factor corrects the total: the ratio of drafted tokens committed
@@ -31,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from racer_rs._native import EDGE_CELLS, DraftTree, edge_cell_priors
+from racer_rs._native import EDGE_CELLS, DraftTree, edge_cell_groups, edge_cell_priors
 from racer_rs.errors import InvalidArgumentError
 
 #: Weight of a cell's prior, in observations: small, since the priors are raw estimates that
@@ -55,6 +60,7 @@ class EdgeCalibration:
         self.tried = np.zeros(EDGE_CELLS, dtype=np.float64)
         self.expected_extra = 0.0
         self.committed_extra = 0.0
+        self._probabilities: np.ndarray | None = None  # cached until the counts change
 
     def extra_scale(self) -> float:
         """Drafted tokens committed per drafted token the uncorrected estimates expected."""
@@ -67,14 +73,21 @@ class EdgeCalibration:
         self.committed_extra += committed_extra
 
     def probabilities(self) -> np.ndarray:
-        """``float32[EDGE_CELLS]``: calibrated probability that an edge of each cell is accepted."""
-        return ((self.accepted + PRIOR_WEIGHT * self.priors) / (self.tried + PRIOR_WEIGHT)).astype(np.float32)
+        """``float32[EDGE_CELLS]``: calibrated probability that an edge of each cell is accepted
+        (smoothed towards the cell's prior, non-decreasing within each monotone group)."""
+        if self._probabilities is None:
+            weights = self.tried + PRIOR_WEIGHT
+            smoothed = (self.accepted + PRIOR_WEIGHT * self.priors) / weights
+            self._probabilities = monotone_fit(smoothed, weights, _GROUPS).astype(np.float32)
+            self._probabilities.flags.writeable = False
+        return self._probabilities
 
     def observe(self, cells: np.ndarray, accepted: np.ndarray) -> None:
         """Count outcomes: edge ``cells[i]`` was accepted iff ``accepted[i]``."""
         cells = np.asarray(cells, dtype=np.int64)
         np.add.at(self.tried, cells, 1.0)
         np.add.at(self.accepted, cells, np.asarray(accepted, dtype=np.float64))
+        self._probabilities = None
 
     def observe_step(self, tree: DraftTree, path: np.ndarray, bonus: int) -> None:
         """Outcomes of every child of an accepted node of ``tree`` (see the module docstring).
@@ -114,14 +127,18 @@ class EdgeCalibration:
     def load(self, state: dict[str, Any], cap: float = WARM_START_CAP) -> None:
         """Warm-start from :meth:`state`, scaling each cell down to at most ``cap`` observations.
 
+        A state saved before cells were appended (fewer counts: new blocks only ever follow
+        the older ones) loads into the cells it knew; the newer cells start from their priors.
+
         Raises:
-            ValueError: the state does not hold one count per cell, or invalid counts or totals
-                (nothing is loaded then).
+            ValueError: the state does not hold one count per cell (or fewer, for an older
+                layout), or invalid counts or totals (nothing is loaded then).
         """
         accepted = np.asarray(state["accepted"], dtype=np.float64)
         tried = np.asarray(state["tried"], dtype=np.float64)
-        if accepted.shape != (EDGE_CELLS,) or tried.shape != (EDGE_CELLS,):
+        if accepted.ndim != 1 or accepted.shape != tried.shape or not 0 < len(tried) <= EDGE_CELLS:
             raise InvalidArgumentError(f"calibration state must hold {EDGE_CELLS} counts per field")
+        accepted, tried = (np.pad(x, (0, EDGE_CELLS - len(x))) for x in (accepted, tried))
         if not (np.all(np.isfinite(tried)) and np.all(tried >= 0) and np.all((accepted >= 0) & (accepted <= tried))):
             raise InvalidArgumentError("calibration state holds invalid counts")
         expected, committed = float(state.get("expected_extra", 0.0)), float(state.get("committed_extra", 0.0))
@@ -129,8 +146,34 @@ class EdgeCalibration:
             raise InvalidArgumentError("calibration state holds invalid totals")
         scale = np.minimum(1.0, cap / np.maximum(tried, 1e-9))
         self.accepted, self.tried = accepted * scale, tried * scale
+        self._probabilities = None
         shrink = min(1.0, SCALE_WARM_START_CAP / max(expected, 1e-9))
         self.expected_extra, self.committed_extra = expected * shrink, committed * shrink
+
+
+#: Every cell's monotone group (-1: none), from the Rust core's cell layout.
+_GROUPS = edge_cell_groups().astype(np.int64)
+
+
+def monotone_fit(values: np.ndarray, weights: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """``values`` made non-decreasing (in index order) within each group of ``groups`` by a
+    weighted isotonic fit (pool adjacent violators); cells of group -1 are left as they are.
+
+    The fit moves no weighted mass between groups: each group's weighted mean is kept.
+    """
+    out = np.array(values, dtype=np.float64)
+    for group in np.unique(groups[groups >= 0]):
+        cells = np.flatnonzero(groups == group)
+        # Blocks of pooled cells: each a (weighted mean, weight, cell count), merged leftwards
+        # while a block's mean is below the one before it.
+        blocks: list[list[float]] = []
+        for value, weight in zip(out[cells], weights[cells], strict=True):
+            blocks.append([float(value), float(weight), 1.0])
+            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                (v2, w2, n2), (v1, w1, n1) = blocks.pop(), blocks.pop()
+                blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+        out[cells] = np.repeat([b[0] for b in blocks], [int(b[2]) for b in blocks])
+    return out
 
 
 def path_probabilities(tree: DraftTree, edge_probabilities: np.ndarray) -> np.ndarray:

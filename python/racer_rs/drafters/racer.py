@@ -14,7 +14,11 @@ committed tokens. ``racer_retrieval`` and ``racer_logits`` are the one-source ab
 ``tree="scored"`` (the ``racer_scored`` method) keeps the same two sources but stores the
 target's top-k probabilities too and grows the tree best first by estimated path probability
 (copy-logit probabilities, smoothed retrieval frequencies) instead of "retrieval first, then
-breadth halving".
+breadth halving". ``tree="auto"`` (the ``racer`` method) builds the halving tree at a fixed
+capacity and the scored one when the engine passes an edge calibration (``capacity="auto"``):
+then every node carries a calibrated probability (a retrieval continuation's count over its
+parent string's, by match length; a copy-logit entry's stored target probability), the sources
+compete in one best-first order, and the size rule cuts where a node no longer pays.
 
 Cross-request memory (``index=``, :mod:`racer_rs.drafters.index`): the retrieval methods also
 draft from a shared index, an automaton every request reads (past responses, learned as each
@@ -131,6 +135,8 @@ class RacerOptions:
         return cls(**options)
 
 
+#: Tree kinds (see :class:`RacerDrafter`).
+TREES = ("halving", "scored", "auto")
 #: The copy-logit table keeps at most this many ids per row (the Rust core's limit).
 MAX_BREADTH = 1024
 RETRIEVAL_OPTIONS = ("ngram", "max_nodes", "min_depth")
@@ -155,8 +161,9 @@ class RacerDrafter(Drafter):
             instead, e.g. ``RacerDrafter(persistent=True)``.
         use_retrieval: draft from the automaton.
         use_logits: draft from the copy-logit table.
-        tree: ``"halving"`` (the paper's merge) or ``"scored"`` (best first by estimated
-            path probability).
+        tree: ``"halving"`` (the paper's merge), ``"scored"`` (best first by estimated
+            path probability) or ``"auto"`` (scored when a calibration is given, i.e. with
+            ``capacity="auto"``, else halving).
         name: the method name reported in results (also the key of a process-wide
             ``index="memory"`` index).
 
@@ -183,7 +190,7 @@ class RacerDrafter(Drafter):
             options = RacerOptions(**keyword_options)
         elif keyword_options:
             raise InvalidArgumentError("pass RACER's options either as a RacerOptions or as keywords, not both")
-        rules.choice("tree", tree, ("halving", "scored"))
+        rules.choice("tree", tree, TREES)
         if not (rules.flag("use_retrieval", use_retrieval) or rules.flag("use_logits", use_logits)):
             raise InvalidArgumentError("use_retrieval and use_logits cannot both be False")
         self.options = options
@@ -193,9 +200,11 @@ class RacerDrafter(Drafter):
         self.exempt_depth = options.exempt_depth
         self.breadth = options.breadth
         self.needs_topk = options.breadth if use_logits else 0
+        self.tree = tree
         self.scored = tree == "scored"
         self.min_score = options.min_score
-        self.needs_topk_probs = self.scored and use_logits
+        # Stored probabilities are the copy-logit nodes' estimates in a scored build.
+        self.needs_topk_probs = tree != "halving" and use_logits
         self.automaton = Automaton(ngram=options.ngram, max_nodes=options.max_nodes, min_depth=options.min_depth)
         self.table: LogitsTable | None = None
         self.name = name
@@ -256,6 +265,7 @@ class RacerDrafter(Drafter):
         """Retrieval paths first, then the logits tree fills the remaining budget (scored trees:
         best first by estimated path probability, calibrated per edge cell when given)."""
         assert self.table is not None, "begin() must be called first"
+        scored = self.builds_scored(edge_calibration is not None)
         tree = build_draft_tree(
             self.automaton,
             self.table,
@@ -264,14 +274,19 @@ class RacerDrafter(Drafter):
             use_retrieval=self.use_retrieval,
             use_logits=self.use_logits,
             exempt_depth=self.exempt_depth,
-            scored=self.scored,
+            scored=scored,
             min_score=self.min_score,
-            calibration=edge_calibration if self.scored else None,
+            calibration=edge_calibration if scored else None,
             shared=self.shared_automaton,
         )
         if self.index is not None:
             self.check_tree(tree.tokens)
         return Proposal(tree)
+
+    def builds_scored(self, calibrated: bool) -> bool:
+        """Whether trees are built best first: always for ``tree="scored"``, with a calibration
+        (``capacity="auto"``) for ``tree="auto"``."""
+        return self.scored or (self.tree == "auto" and calibrated)
 
     def check_tree(self, tokens: np.ndarray) -> None:
         """Refuse a draft with a token beyond the model's vocabulary: an index built with
@@ -335,8 +350,9 @@ def _method(name: str, **settings: Any) -> Any:
     return factory
 
 
-#: RACER with both sources, the paper's merge.
-racer = _method("racer")
+#: RACER with both sources: the paper's merge at a fixed capacity, the calibrated scored tree
+#: with ``capacity="auto"``.
+racer = _method("racer", tree="auto")
 #: RACER's two sources in a probability-scored tree (best first by estimated path probability).
 racer_scored = _method("racer_scored", tree="scored")
 #: Ablation: the automaton only.

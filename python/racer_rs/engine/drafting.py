@@ -91,9 +91,11 @@ class PoolDrafting(Drafting):
         drafter: a :class:`RacerDrafter` built with the request's options (it validates them
             and names the sources and tree kind; it drafts nothing itself).
         vocab: the target's vocabulary size.
+        calibrated: the policy passes an edge calibration (``capacity="auto"``): a
+            ``tree="auto"`` drafter's pool builds scored trees.
     """
 
-    def __init__(self, drafter: RacerDrafter, vocab: int) -> None:
+    def __init__(self, drafter: RacerDrafter, vocab: int, calibrated: bool = False) -> None:
         if drafter.persistent:
             raise UnsupportedError(
                 f"method {drafter.name!r}: persistent=True is not supported by generate_batch (every row keeps "
@@ -101,7 +103,7 @@ class PoolDrafting(Drafting):
             )
         options = drafter.options
         self.name = drafter.name
-        self.scored = drafter.scored
+        self.scored = drafter.builds_scored(calibrated)
         self.use_retrieval = drafter.use_retrieval
         self.use_logits = drafter.use_logits
         self.needs_topk = drafter.needs_topk
@@ -113,7 +115,7 @@ class PoolDrafting(Drafting):
             breadth=options.breadth,
             min_depth=options.min_depth,
             exempt_depth=options.exempt_depth,
-            tree="scored" if drafter.scored else "halving",
+            tree="scored" if self.scored else "halving",
             min_score=options.min_score,
             use_retrieval=drafter.use_retrieval,
             use_logits=drafter.use_logits,
@@ -244,10 +246,17 @@ class RowDrafting(Drafting):
 
 
 def make_drafting(
-    method: str, model: Any, rows: int, vocab: int, options: dict[str, Any], drafter: Drafter | None = None
+    method: str,
+    model: Any,
+    rows: int,
+    vocab: int,
+    options: dict[str, Any],
+    drafter: Drafter | None = None,
+    calibrated: bool = False,
 ) -> Drafting:
     """The drafting of ``method`` for at most ``rows`` live rows (options checked by the method's
-    factory), or of the caller's prebuilt ``drafter`` (one row at a time).
+    factory), or of the caller's prebuilt ``drafter`` (one row at a time); ``calibrated``: the
+    capacity policy passes edge calibrations (``capacity="auto"``).
 
     RACER's methods draft a batch in one :class:`DraftPool` when more than one row can be live and
     their state is the request's own; a single row, persistent state or a shared index keeps the
@@ -265,5 +274,5 @@ def make_drafting(
     if pooled:
         if not isinstance(first, RacerDrafter):
             raise InvalidTypeError(f"method {method!r} did not build a RacerDrafter")
-        return PoolDrafting(first, vocab)
+        return PoolDrafting(first, vocab, calibrated)
     return RowDrafting(lambda: make_drafter(method, model, **options), rows, first)

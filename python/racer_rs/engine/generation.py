@@ -160,7 +160,15 @@ def check_request(settings: CallSettings, index: int, prompt: np.ndarray, budget
 
 def make_drafting_for(settings: CallSettings, model: PreTrainedModel, rows: int) -> Drafting:
     """The call's drafting (the method's factory checks its options)."""
-    drafting = make_drafting(settings.method, model, rows, settings.vocab, settings.method_options, settings.drafter)
+    drafting = make_drafting(
+        settings.method,
+        model,
+        rows,
+        settings.vocab,
+        settings.method_options,
+        settings.drafter,
+        calibrated=settings.auto,
+    )
     if drafting.needs_topk > settings.vocab:
         raise InvalidArgumentError(
             f"drafter {drafting.name!r} asks for the target's top {drafting.needs_topk} tokens (its breadth), "
