@@ -34,7 +34,10 @@ def prompts(tokenizer: Any) -> list[list[int]]:
         lines = (DATA / name).read_text().splitlines()
         rows += [json.loads(lines[i])["turns"][0] for i in take]
     return [
-        list(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True))
+        tokenizer.encode(
+            tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        )
         for q in rows
     ]
 

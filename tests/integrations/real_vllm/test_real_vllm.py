@@ -62,11 +62,20 @@ def _engine(method: str, model: str, tmp: Path) -> dict[str, Any]:
     return result
 
 
+_FAILED: list[str] = []  # an engine that failed once is not started again for every test
+
+
 @pytest.fixture(scope="module")
 def runs(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """No speculation, then RacerProposer: one engine after the other."""
+    if _FAILED:
+        pytest.fail(_FAILED[0], pytrace=False)
     tmp = tmp_path_factory.mktemp("real_vllm")
-    return {method: _engine(method, model_dir, tmp) for method in ("none", "racer")}
+    try:
+        return {method: _engine(method, model_dir, tmp) for method in ("none", "racer")}
+    except BaseException as exc:
+        _FAILED.append(f"the engines failed (see the first error): {str(exc)[:200]}")
+        raise
 
 
 @pytest.mark.parametrize("concurrency", ["c1", "c4"])
