@@ -41,6 +41,7 @@ retrieval alone, and ``RACER_RS_OPTIONS='{"use_logits": false}'`` turns them off
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import weakref
@@ -256,7 +257,7 @@ class RacerProposer:
             self._draft(pool, rows, draft_rows, num_tokens_no_spec, len(rows), out)
         every = self.options.log_every
         if every and self.stats["calls"] % every == 0:
-            logger.info("racer_rs proposer: %s %s", self.stats, self.timing())
+            logger.info("racer_rs proposer: %s", json.dumps({**self.stats, **self.seconds, **self.timing()}))
         self._last_call = now
         self.seconds["propose"] += time.perf_counter() - now
         return out
