@@ -81,7 +81,7 @@ def runs(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
 @pytest.mark.parametrize("concurrency", ["c1", "c4"])
 def test_greedy_output_equals_no_speculation(runs: dict[str, dict[str, Any]], concurrency: str) -> None:
     plain, racer = runs["none"][concurrency], runs["racer"][concurrency]
-    assert len(plain) == runs["none"]["prompts"] >= 6
+    assert len(plain) == runs["none"]["prompts"] >= 4
     assert all(len(tokens) > 0 for tokens in plain)
     for i, (expected, got) in enumerate(zip(plain, racer, strict=True)):
         assert got == expected, f"prompt {i} at {concurrency}: RacerProposer's greedy output differs"
@@ -102,7 +102,7 @@ def test_drafts_are_accepted(runs: dict[str, dict[str, Any]]) -> None:
 
 def test_abort_and_resend_leave_no_state(runs: dict[str, dict[str, Any]]) -> None:
     plain, abort = runs["none"]["c1"], runs["racer"]["abort"]
-    assert abort["a_tokens_before_abort"] >= 8
+    assert 8 <= abort["a_tokens_before_abort"] < len(plain[0])  # aborted midway
     assert abort["before_abort"]["rows"] == 2
     # The first step after the abort frees the aborted request's state: only B's is left.
     assert abort["after_abort"]["rows"] == 1 and abort["after_abort"]["pool"] == 1, abort["after_abort"]
