@@ -228,7 +228,7 @@ def test_vllm_serving_loop_is_lossless(model, engine_free):
         speculative_config=SimpleNamespace(num_speculative_tokens=k),
         model_config=SimpleNamespace(max_model_len=max_model_len, get_vocab_size=lambda: VOCAB),
     )
-    proposer = RacerProposer(vllm_config, options=ServingOptions())
+    proposer = RacerProposer(vllm_config, options=ServingOptions(adaptive=False))
     target = SimTarget()
     proposer.load_model(target)
     token_ids_cpu = np.zeros((max_num_reqs, max_model_len), dtype=np.int32)
@@ -392,7 +392,7 @@ def run_determinism(hash_seed: str, threads: int) -> str:
         **os.environ,
         "PYTHONHASHSEED": hash_seed,
         # capacity 64 (vLLM's trees; SGLang's have N = 64): 40 requests then split across threads.
-        "RACER_RS_OPTIONS": f'{{"threads": {threads}, "capacity": 64}}',
+        "RACER_RS_OPTIONS": f'{{"threads": {threads}, "capacity": 64, "adaptive": false}}',
     }
     out = subprocess.run(
         [sys.executable, "-c", DETERMINISM_SCRIPT], capture_output=True, text=True, env=env, timeout=300, check=False

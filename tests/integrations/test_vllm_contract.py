@@ -98,7 +98,7 @@ class Reference:
 
 def test_propose_follows_vllms_types_and_length_rule(engine_free):
     k, max_len = 5, 96
-    proposer = RacerProposer(config(k, max_len), options=ServingOptions())
+    proposer = RacerProposer(config(k, max_len), options=ServingOptions(adaptive=False))
     assert proposer.k == k and proposer.max_model_len == max_len and proposer.capacity == 16
     contexts = [
         code_like(0, 40),
@@ -128,7 +128,7 @@ def test_propose_follows_vllms_types_and_length_rule(engine_free):
 
 def test_requests_are_followed_by_content_across_rows_and_freed(engine_free):
     k, max_len = 4, 200
-    proposer = RacerProposer(config(k, max_len), options=ServingOptions())
+    proposer = RacerProposer(config(k, max_len), options=ServingOptions(adaptive=False))
     batch = Batch(max_len)
     seqs = {name: code_like(seed, 30 + 10 * seed) for seed, name in enumerate("ABCD")}
     refs = {name: Reference(s) for name, s in seqs.items()}
@@ -164,7 +164,7 @@ def test_requests_are_followed_by_content_across_rows_and_freed(engine_free):
 
 def test_a_finished_requests_row_and_prompt_reused_start_fresh(engine_free):
     k, max_len = 4, 200
-    proposer = RacerProposer(config(k, max_len), options=ServingOptions())
+    proposer = RacerProposer(config(k, max_len), options=ServingOptions(adaptive=False))
     batch = Batch(max_len)
     prompt = code_like(3, 40)
     batch.set([prompt])
@@ -200,7 +200,7 @@ class FakeTarget:
 def test_verify_logits_are_attributed_exactly_or_skipped(engine_free):
     torch = pytest.importorskip("torch")
     k, max_len = 4, 200
-    proposer = RacerProposer(config(k, max_len), options=ServingOptions())
+    proposer = RacerProposer(config(k, max_len), options=ServingOptions(adaptive=False))
     target = FakeTarget()
     proposer.load_model(target)
     assert hasattr(target.compute_logits, "__wrapped__")
@@ -276,7 +276,7 @@ def test_config_without_model_config_drafts_from_retrieval(engine_free):
 
 
 def test_tokens_outside_the_vocabulary_draft_nothing(engine_free):
-    proposer = RacerProposer(config(3, 64), options=ServingOptions())
+    proposer = RacerProposer(config(3, 64), options=ServingOptions(adaptive=False))
     batch = Batch(64)
     batch.set([[1, 2, VOCAB + 3, 1, 2], [1, 2, 3, 1, 2]])
     out = proposer.propose([[2], [2]], batch.num_tokens_no_spec, batch.token_ids_cpu)

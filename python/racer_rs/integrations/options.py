@@ -64,6 +64,10 @@ class ServingOptions:
             ``max(16, 2 * k + 1)`` for ``k`` speculative tokens). SGLang's trees always have
             ``--speculative-num-draft-tokens`` nodes.
         vocab_size: the token id range, when the engine's model config does not give it.
+        adaptive: vLLM only: draft, across the batch, only the tokens whose calibrated acceptance
+            pays for their share of the batched forward, with the step cost learned from the
+            engine's own step times (:mod:`racer_rs.integrations._payoff`); off: every request's
+            whole best chain.
         log_every: drafting calls between two statistics lines in the engine's log (0: none).
     """
 
@@ -74,6 +78,7 @@ class ServingOptions:
     threads: int = 1
     capacity: int | None = None
     vocab_size: int | None = None
+    adaptive: bool = True
     log_every: int = 2000
 
     def __post_init__(self) -> None:
@@ -89,6 +94,7 @@ class ServingOptions:
             rules.integer("capacity", self.capacity, minimum=1, maximum=2**20)
         if self.vocab_size is not None:
             rules.integer("vocab_size", self.vocab_size, minimum=1, maximum=rules.MAX_TOKEN_ID)
+        rules.flag("adaptive", self.adaptive)
         rules.integer("log_every", self.log_every, minimum=0)
         # Every combination of values, checked as the engine will use them (the token id range
         # of the model is known later: 1 stands for it, unless vocab_size is set).

