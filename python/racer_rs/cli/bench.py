@@ -138,7 +138,7 @@ def add_parser(subparsers: Any) -> None:
         "--repeat",
         type=common.positive_int,
         default=1,
-        help="timed runs per turn; the median run is reported",
+        help="timed runs per turn; the median run is reported (--concurrency: rounds per concurrency, all reported)",
     )
     parser.add_argument(
         "--temperature",
