@@ -36,7 +36,7 @@ from racer_rs.errors import RacerError
 def run_batch_bench(args: argparse.Namespace) -> int:
     """``racer bench --batch-size ...``; the exit code (1 when a greedy row mismatched)."""
     from racer_rs.cli.bench import default_capacity
-    from racer_rs.engine.batch_drafting import UNBATCHED_METHODS
+    from racer_rs.engine.drafting import UNBATCHED_METHODS
     from racer_rs.loading.models import eos_token_ids
 
     labels = [m.strip() for m in (args.methods or ",".join(DEFAULT_METHODS)).split(",") if m.strip()]

@@ -34,7 +34,7 @@ from racer_rs import _validate as rules
 from racer_rs.drafters.base import Proposal, RequestStart, StepOutcome
 from racer_rs.engine.acceptance import Acceptor, GreedyWalk, SamplingWalk, StepInputs
 from racer_rs.engine.batch_capacity import AutoBatchCapacity, BatchCapacityPolicy, BatchStepReport, FixedBatchCapacity
-from racer_rs.engine.batch_drafting import BatchDrafting, make_batch_drafting
+from racer_rs.engine.drafting import BatchDrafting, make_batch_drafting
 from racer_rs.target.batch_verifier import BatchVerifier
 from racer_rs.engine.decode_loop import DecodeState, Verification, check_proposal
 from racer_rs.engine.generation import GenerationResult, eos_ids
