@@ -186,7 +186,9 @@ def test_the_benchmark_calls_generate_batch_in_round_order(tiny_model):
 
     def fake(model: Any, prompts: Any, *, method: str, capacity: Any, max_batch_size: int, **_: Any) -> Any:
         calls.append((method, capacity, max_batch_size, len(prompts)))
-        extras = {"admitted_s": 0.0, "first_token_s": 0.1}
+        extras: dict[str, Any] = {"admitted_s": 0.0, "first_token_s": 0.1}
+        if method == "racer":  # capacity=auto's cost-curve measurement inside the call
+            extras["auto_capacity"] = {"setup_s": 0.5}
         return [SimpleNamespace(tokens=[1, 2], steps=2, timings={"total": 0.2}, extras=extras) for _ in prompts]
 
     model, _ = load_model(str(tiny_model), device="cpu", dtype="float32")
@@ -206,6 +208,9 @@ def test_the_benchmark_calls_generate_batch_in_round_order(tiny_model):
         expected += [(m, c, size, min(size, 3)) for m, c in warm]  # warm-up on the first C prompts
         expected += [(m, c, size, 3) for r in rounds for m, c in r]
     assert calls == expected
+    assert {r.method: r.setup_s for r in bench.records} == {"ar": 0.0, "racer@4": 0.5, "pld": 0.0}
+    rows = summarise(bench.records, bench.methods)
+    assert [r["setup_s"] for r in rows if r["concurrency"] == 4] == [0.0, 1.0, 0.0]  # two rounds
 
 
 def _record(

@@ -72,6 +72,8 @@ class ServingRecord:
         first_mismatch: per request, the first token that differs from ``ar``'s in the same
             round (greedy only; None where equal); empty when not checked.
         near_tie: per request, that mismatch is a half-precision near-tie.
+        setup_s: seconds of the call spent measuring ``capacity="auto"``'s cost curves (the
+            largest ``extras["auto_capacity"]["setup_s"]`` of its requests; 0 when none).
     """
 
     setting: str
@@ -88,6 +90,7 @@ class ServingRecord:
     steps: list[int]
     first_mismatch: list[int | None] = field(default_factory=list)
     near_tie: list[bool] = field(default_factory=list)
+    setup_s: float = 0.0
 
     @property
     def new_tokens(self) -> int:
@@ -293,7 +296,13 @@ def _record(
         first_token_s=[extra(r, "first_token_s") for r in results],
         total_s=[float(r.timings["total"]) for r in results],
         steps=[int(r.steps) for r in results],
+        setup_s=max((_setup_seconds(r.extras) for r in results), default=0.0),
     )
+
+
+def _setup_seconds(extras: dict[str, Any]) -> float:
+    auto = extras.get("auto_capacity")
+    return float(auto.get("setup_s") or 0.0) if isinstance(auto, dict) else 0.0
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -351,6 +360,7 @@ def summarise(records: Sequence[ServingRecord], methods: Sequence[str]) -> list[
                     1 for r in own for i, m in enumerate(r.first_mismatch) if m is not None and r.near_tie[i]
                 ),
                 "checked": sum(len(r.first_mismatch) for r in own),
+                "setup_s": sum(r.setup_s for r in own),
             }
             for q in PERCENTILES:
                 row[f"latency_s_p{q}"] = _percentile(latency, q)

@@ -33,6 +33,8 @@ from racer_rs.cli.options import parse_options
 from racer_rs.cli.resources import resolve_shipped
 from racer_rs.errors import RacerError
 
+#: Cost-curve measurement inside timed calls worth a note (seconds, per method).
+SETUP_NOTE_S = 0.05
 #: The arguments of ``racer bench`` that the serving benchmark does not take.
 _REFUSED = (
     ("batch_size", "--batch-size"),
@@ -146,6 +148,9 @@ def run_serving_bench(args: argparse.Namespace) -> int:
     disturbed = sum(r["disturbed"] for r in summary if r["method"] == BASELINE)
     if disturbed:
         print(f"note: {disturbed} request run(s) left out of the per-request speedups as disturbed")
+    setup = {r["method"]: r["setup_s"] for r in summary if r["setup_s"] > SETUP_NOTE_S}
+    for method, seconds in setup.items():
+        print(f"note: {method}'s timed calls include {seconds:.1f} s of capacity=auto cost-curve measurement")
     report = _json_safe(
         {
             "command": command,
