@@ -36,8 +36,7 @@ from racer_rs.errors import (
 )
 
 if TYPE_CHECKING:
-    from racer_rs.engine.batch import generate_batch
-    from racer_rs.engine.generation import GenerationResult, generate
+    from racer_rs.engine.generation import GenerationResult, generate, generate_batch
     from racer_rs.loading.models import load_model, resolve_model
     from racer_rs.selfdraft.checkpoint import load_self_draft
     from racer_rs.selfdraft.distillation import DistillSettings, distill_self_draft
@@ -78,7 +77,7 @@ __all__ = [
 _LAZY = {
     "generate": "racer_rs.engine.generation",
     "GenerationResult": "racer_rs.engine.generation",
-    "generate_batch": "racer_rs.engine.batch",
+    "generate_batch": "racer_rs.engine.generation",
     "load_model": "racer_rs.loading.models",
     "resolve_model": "racer_rs.loading.models",
     "self_draft": "racer_rs.selfdraft.model",

@@ -38,8 +38,8 @@ import torch
 
 from racer_rs.autosize import state
 from racer_rs.autosize.cost_model import CURVE_CONTEXTS, CostModel, synthetic_tree
-from racer_rs.target.verifier import vocab_size
 from racer_rs.errors import InvalidArgumentError
+from racer_rs.target.verifier import vocab_size
 
 
 def best_batch_size(probabilities: Sequence[np.ndarray], step_seconds: np.ndarray) -> int:

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from racer_rs._native import DraftTree
-from racer_rs.target.verifier import TreeVerifier, vocab_size
 from racer_rs.errors import InvalidArgumentError
+from racer_rs.target.verifier import TreeVerifier, vocab_size
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
 

@@ -110,8 +110,7 @@ class BatchBenchmark:
     ) -> None:
         import torch
 
-        from racer_rs.engine.batch import generate_batch
-        from racer_rs.engine.generation import generate
+        from racer_rs.engine.generation import generate, generate_batch
 
         self.model = model
         self.tokenizer = tokenizer

@@ -36,7 +36,6 @@ from racer_rs.errors import RacerError
 def run_batch_bench(args: argparse.Namespace) -> int:
     """``racer bench --batch-size ...``; the exit code (1 when a greedy row mismatched)."""
     from racer_rs.cli.bench import default_capacity
-    from racer_rs.engine.drafting import UNBATCHED_METHODS
     from racer_rs.loading.models import eos_token_ids
 
     labels = [m.strip() for m in (args.methods or ",".join(DEFAULT_METHODS)).split(",") if m.strip()]
@@ -44,9 +43,6 @@ def run_batch_bench(args: argparse.Namespace) -> int:
         parsed = [split(label) for label in labels]
     except RacerError as exc:
         raise CLIError(str(exc)) from None
-    for label, (method, _) in zip(labels, parsed, strict=True):
-        if method in UNBATCHED_METHODS:
-            raise CLIError(f"--methods {label}: draft-model methods are not batched (generate_batch)")
     common.check_methods(list(dict.fromkeys(m for m, _ in parsed)))
     if len(set(labels)) != len(labels):
         raise CLIError("--methods: a method is listed more than once")

@@ -22,9 +22,9 @@ import torch
 from racer_rs import _validate as rules
 from racer_rs._native import DraftTree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 from racer_rs.target.sampling import SamplingConfig, process_logits
 from racer_rs.target.verifier import vocab_size
-from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
 
 def check_draft_model(draft_model: Any) -> None:

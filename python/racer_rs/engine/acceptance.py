@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from racer_rs.target.sampling import SamplingConfig, chain_speculative_sample, sample_nodes, sample_position
 from racer_rs.engine.transfer import HostTransfer
+from racer_rs.target.sampling import SamplingConfig, chain_speculative_sample, sample_nodes, sample_position
 
 if TYPE_CHECKING:
     from racer_rs._native import DraftTree

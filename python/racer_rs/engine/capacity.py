@@ -1,13 +1,26 @@
-"""How many draft-tree nodes a step verifies: a fixed capacity, or ``capacity="auto"``.
+"""How many draft-tree nodes each live row verifies: a fixed capacity, or ``capacity="auto"``.
 
-The decode loop asks its policy for the drafter's node limit and edge calibration before drafting,
-lets it cut the proposal before verifying, and reports each step's outcome back; a fixed policy
-does nothing more than bound the tree.
+The engine asks its policy for the drafters' node limit and edge calibration before drafting,
+lets it cut the proposals before verifying, and reports each step's outcome back; rows are
+admitted to and released from the policy as requests join and leave. A fixed policy does
+nothing more than bound the trees.
+
+``capacity="auto"`` spends one node budget per step across the live rows where the expected
+accepted tokens per second of the batched forward are highest, down to plain decoding for every
+row when no node pays for its share of the forward. With one live row it is exactly the
+single-request rule (:meth:`racer_rs.autosize.sizer.TreeSizer.choose`: the tree prefix with the
+most expected tokens per second); with more, every row keeps its best nodes up to the padded size
+the batched forward's cost curve favours (:func:`racer_rs.autosize.batch_sizer.best_batch_size`).
+One calibration learns from every row; each batch size keeps its own cost model, corrected
+online (the machine's load followed fast, each size bucket's shape learned slowly), so a first
+measurement that is wrong at one shape does not stick.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,106 +34,177 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class StepReport:
-    """What a verified step tells the policy.
+    """What a verified step tells the policy (lists follow ``rows``).
 
     Attributes:
-        full: the proposal the drafter made; ``verified`` the one the step verified.
-        choice: the policy's own choice for the step (``None`` for a fixed capacity).
-        path: accepted node indices of the verified tree; ``bonus`` the token after them.
-        randomized: acceptance was randomised (chain speculative sampling).
-        context: the step's prefix length.
+        rows: the live rows' keys, in batch order.
+        full: the proposals drafted; ``verified`` the ones verified; ``choices`` the policy's.
+        paths: accepted node indices of every verified tree; ``bonuses`` the tokens after them.
+        randomized: per row, acceptance was randomised (chain speculative sampling).
+        committed: tokens every row committed.
+        context: the step's prefix columns (the longest row's length).
+        padded: nodes per row the forward processed (the step's largest tree).
         forward: seconds inside the target's forward; ``step`` seconds of the whole step.
-        committed: tokens the step committed.
     """
 
-    full: Proposal
-    verified: Proposal
-    choice: Any
-    path: list[int]
-    bonus: int
-    randomized: bool
+    rows: list[int]
+    full: list[Proposal]
+    verified: list[Proposal]
+    choices: list[Any]
+    paths: list[list[int]]
+    bonuses: list[int]
+    randomized: list[bool]
+    committed: list[int]
     context: int
+    padded: int
     forward: float
     step: float
-    committed: int
 
 
 class FixedCapacity:
-    """Every step verifies the drafter's tree, of at most ``limit`` nodes (root included)."""
+    """Every row verifies its drafter's tree, of at most ``limit`` nodes (root included)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+
+    def admit(self, row: int) -> None:
+        """Nothing to set up."""
+
+    def release(self, row: int) -> None:
+        """Nothing to free."""
 
     def edge_calibration(self) -> np.ndarray | None:
         """No calibration: drafters use their raw edge estimates."""
         return None
 
-    def cut(self, proposal: Proposal, context: int) -> tuple[Proposal, Any]:
-        """The proposal as drafted."""
-        return proposal, None
+    def cut(self, proposals: list[Proposal], rows: Sequence[int], context: int) -> tuple[list[Proposal], list[Any]]:
+        """The proposals as drafted."""
+        return proposals, [None] * len(proposals)
 
     def observe(self, report: StepReport) -> None:
         """Nothing to learn."""
 
-    def finish(self, context: int) -> dict[str, Any]:
+    def finish(self, row: int, context: int) -> dict[str, Any]:
         """No statistics."""
         return {}
 
+    def save(self) -> None:
+        """Nothing to store."""
+
 
 class AutoCapacity:
-    """``capacity="auto"``: each step verifies the tree prefix with the most expected tokens per
-    second (:class:`racer_rs.autosize.sizer.TreeSizer`), learning from every outcome.
+    """``capacity="auto"``: each step verifies, over the live rows, the nodes with the most
+    expected tokens per second of the (batched) forward, learning from every row's outcome.
 
     Args:
-        model: the target (its cost model and calibration are keyed by it).
+        model: the target (its cost models and calibration are keyed by it).
         method: the drafter's name (calibrations are kept per method and decoding mode).
-        greedy: whether the request decodes greedily.
-        max_capacity: the largest tree.
+        greedy: whether the call decodes greedily.
+        max_capacity: the largest tree per row.
+        max_rows: the most rows that will be live at once (the batch sizes whose cost curves
+            are measured on first use).
     """
 
-    def __init__(self, model: Any, method: str, greedy: bool, max_capacity: int) -> None:
-        from racer_rs.autosize import sizer, state
+    def __init__(self, model: Any, method: str, greedy: bool, max_capacity: int, max_rows: int) -> None:
+        from racer_rs.autosize import batch_sizer, state
 
         started = time.perf_counter()
-        self.model = model
         self.limit = max_capacity
         self.key = state.calibration_key(model, method, greedy)
-        self.sizer: TreeSizer = sizer.TreeSizer(
-            state.cost_model(model, max_capacity), state.load_calibration(self.key), max_capacity
-        )
-        # The cost curve's measurement on first use (a part of the request's total time).
+        self.calibration = state.load_calibration(self.key)
+        self.costs = batch_sizer.batch_costs(model, max_capacity, max_rows)
+        self.sizers: dict[int, TreeSizer] = {}
+        self.batch_sizes: dict[int, Counter[int]] = {}
+        self.padded_sizes: dict[int, Counter[int]] = {}
+        # The cost curves' measurement on first use (a part of the call's total time).
         self.setup_seconds = time.perf_counter() - started
+
+    def admit(self, row: int) -> None:
+        """A sizer for the new row (its ranking and statistics), over the one shared calibration."""
+        from racer_rs.autosize.sizer import TreeSizer
+
+        self.sizers[row] = TreeSizer(self.costs.for_batch(1), self.calibration, self.limit)
+        self.batch_sizes[row] = Counter()
+        self.padded_sizes[row] = Counter()
+
+    def release(self, row: int) -> None:
+        """Forget a finished row."""
+        self.sizers.pop(row, None)
+        self.batch_sizes.pop(row, None)
+        self.padded_sizes.pop(row, None)
 
     def edge_calibration(self) -> np.ndarray | None:
         """The calibrated acceptance probability of every edge cell."""
-        return self.sizer.edge_probabilities()
+        return self.calibration.probabilities()
 
-    def cut(self, proposal: Proposal, context: int) -> tuple[Proposal, SizeChoice]:
-        """The best-first prefix of the drafter's tree that the size rule chooses."""
-        choice = self.sizer.choose(proposal.tree, context)
-        return restrict(proposal, choice.keep), choice
+    def cut(
+        self, proposals: list[Proposal], rows: Sequence[int], context: int
+    ) -> tuple[list[Proposal], list[SizeChoice]]:
+        """Every row's best-first prefix: one row's by the single-request rule, a batch's up to the
+        padded size with the most expected tokens per second of the batched forward."""
+        from racer_rs.autosize.batch_sizer import best_batch_size
+
+        if len(rows) == 1:
+            choice = self.sizers[rows[0]].choose(proposals[0].tree, context)
+            return [restrict(proposals[0], choice.keep)], [choice]
+        rankings = [self.sizers[row].rank(p.tree) for row, p in zip(rows, proposals, strict=True)]
+        limits = [min(len(p.tree), self.limit) for p in proposals]
+        cost = self.costs.for_batch(len(rows))
+        # Per-size corrections are learned from noisy steps; a bigger tree never costs less.
+        steps = np.maximum.accumulate(cost.step_seconds(np.arange(1, max(limits) + 1), context))
+        size = best_batch_size([r.corrected[: n - 1] for r, n in zip(rankings, limits, strict=True)], steps)
+        choices = [r.prefix(min(size, n)) for r, n in zip(rankings, limits, strict=True)]
+        return [restrict(p, c.keep) for p, c in zip(proposals, choices, strict=True)], choices
 
     def observe(self, report: StepReport) -> None:
-        """Learn acceptance and cost from one verified step."""
-        self.sizer.observe(
-            report.full.tree,
-            report.choice,
-            report.path,
-            report.bonus,
-            randomized=report.randomized,
-            context=report.context,
-            forward=report.forward,
-            step=report.step,
-            committed=report.committed,
-        )
+        """Learn every row's acceptance and the forward's cost (at its batch size) from one step."""
+        batch = len(report.rows)
+        for index, row in enumerate(report.rows):
+            self.batch_sizes[row][batch] += 1
+            self.padded_sizes[row][report.padded] += 1
+            sizer = self.sizers[row]
+            arguments = (
+                report.full[index].tree,
+                report.choices[index],
+                report.paths[index],
+                report.bonuses[index],
+            )
+            if batch == 1:
+                sizer.observe(
+                    *arguments,
+                    randomized=report.randomized[index],
+                    context=report.context,
+                    forward=report.forward,
+                    step=report.step,
+                    committed=report.committed[index],
+                )
+            else:
+                sizer.learn(*arguments, randomized=report.randomized[index], committed=report.committed[index])
+        if batch > 1:
+            overhead = report.step - report.forward
+            self.costs.for_batch(batch).observe(report.padded, report.context, report.forward, overhead)
 
-    def finish(self, context: int) -> dict[str, Any]:
-        """Store the calibration and cost model for later requests; the request's statistics."""
+    def finish(self, row: int, context: int) -> dict[str, Any]:
+        """Row ``row``'s statistics (``extras["auto_capacity"]``): its chosen sizes and predictions,
+        the cost curve of its most frequent batch size, and the batch sizes it ran at."""
+        report = self.sizers[row].report(context)
+        sizes = self.batch_sizes[row]
+        if sizes and max(sizes) > 1:
+            usual = sizes.most_common(1)[0][0]
+            cost = self.costs.for_batch(usual)
+            report["cost_curve_ms"] = cost.curve_ms(context)
+            report["overhead_ms"] = round(1000 * cost.overhead, 3)
+            report["batch_sizes"] = dict(sorted(sizes.items()))
+            report["padded_sizes"] = dict(sorted(self.padded_sizes[row].items()))
+            report["cost_model"] = "per batch size (1: the single-request curve; 2, 4, 8, ...: measured batched)"
+        return {"auto_capacity": report | {"setup_s": self.setup_seconds}}
+
+    def save(self) -> None:
+        """Store the calibration and every batch size's cost model for later calls."""
         from racer_rs.autosize import state
 
-        state.save_calibration(self.key, self.sizer.calibration)
-        state.save_cost_model(self.model, self.sizer.cost)
-        return {"auto_capacity": self.sizer.report(context) | {"setup_s": self.setup_seconds}}
+        state.save_calibration(self.key, self.calibration)
+        self.costs.save()
 
 
 def restrict(proposal: Proposal, keep: np.ndarray) -> Proposal:

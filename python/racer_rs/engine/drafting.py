@@ -1,15 +1,19 @@
-"""Drafting for a batch: one proposal per live row per step.
+"""Drafting for the engine's live rows: one proposal per row per step.
 
-- :class:`PoolDrafting` (``racer``, ``racer_scored``, ``racer_retrieval``, ``racer_logits``):
-  every row's RACER state lives in one :class:`racer_rs.DraftPool`, and a step drafts every row's
-  tree in ONE :meth:`~racer_rs.DraftPool.propose` call (one GIL release); the pool is driven as
-  :class:`racer_rs.drafters.racer.RacerDrafter` drives its automaton and table, so row ``b`` gets
-  the tree its own drafter would have proposed.
-- :class:`RowDrafting` (``ar``, ``pld``, ``token_recycling``, ``suffix``, ...): one drafter per
-  row, called row by row.
+- :class:`PoolDrafting` (``racer``, ``racer_scored``, ``racer_retrieval``, ``racer_logits`` in a
+  batch): every row's RACER state lives in one :class:`racer_rs.DraftPool`, and a step drafts
+  every row's tree in ONE :meth:`~racer_rs.DraftPool.propose` call (one GIL release); the pool is
+  driven as :class:`racer_rs.drafters.racer.RacerDrafter` drives its automaton and table, so row
+  ``b`` gets the tree its own drafter would have proposed.
+- :class:`RowDrafting` (every other method, every method in a request of its own, and the
+  racer methods with persistent state or a shared index): one drafter per row, called row by
+  row. The draft-model methods (``draft_model``, ``tts``, ``racer_tts``) run one draft model per
+  row (its own KV cache, the draft's weights shared); a row's drafter is built when its request
+  is admitted and dropped when it finishes (a persistent one is kept for the next request of its
+  slot), so a long job's memory stays bounded.
 
-Draft-model methods (``draft_model``, ``tts``, ``racer_tts``) keep a draft model's KV cache per
-request and stay batch-1 (:data:`UNBATCHED_METHODS`).
+Rows are keyed by their request's index. A row's own drafter failing is returned, not raised, so
+the engine can end that row alone.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import inspect
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,14 +32,14 @@ from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
 from racer_rs.drafters.racer import RacerDrafter
 from racer_rs.errors import InvalidTypeError, UnsupportedError
 
-#: Methods that draft with a draft model (one KV cache per request): not batched.
-UNBATCHED_METHODS = frozenset({"draft_model", "tts", "racer_tts"})
+#: Methods that draft with a draft model (one draft KV cache per row).
+DRAFT_MODEL_METHODS = frozenset({"draft_model", "tts", "racer_tts"})
 #: Methods drafted for the whole batch by one DraftPool call per step.
 POOL_METHODS = frozenset({"racer", "racer_scored", "racer_retrieval", "racer_logits"})
 
 
-class BatchDrafting(ABC):
-    """Drafts for the rows of a batch (rows are the batch's original row indices).
+class Drafting(ABC):
+    """Drafts for the engine's live rows (a row's key is its request's index).
 
     Attributes:
         name: the method's name.
@@ -60,23 +64,27 @@ class BatchDrafting(ABC):
         next_tokens: Sequence[int],
         capacities: Sequence[int],
         edge_calibration: np.ndarray | None,
-    ) -> list[Proposal]:
-        """One proposal per row, rooted at its ``next_tokens`` entry, of at most its capacity."""
+    ) -> list[Proposal | Exception]:
+        """One proposal per row, rooted at its ``next_tokens`` entry, of at most its capacity (or
+        the error the row's own drafter raised)."""
 
     @abstractmethod
-    def observe(self, rows: Sequence[int], outcomes: Sequence[StepOutcome]) -> None:
-        """Learn from every row's verified step."""
+    def observe(self, rows: Sequence[int], outcomes: Sequence[StepOutcome]) -> list[Exception | None]:
+        """Learn from every row's verified step; per row, the error its own drafter raised."""
 
     @abstractmethod
     def end(self, row: int) -> None:
-        """Row ``row``'s request finished (normally or not)."""
+        """Row ``row``'s request finished (normally or not); a row never begun is ignored."""
+
+    def release(self, row: int) -> None:  # noqa: B027  # most drafting holds nothing past end()
+        """Free what the row held once its result is built (its statistics were read)."""
 
     @abstractmethod
     def stats(self, row: int) -> dict[str, Any]:
         """Row ``row``'s method-specific statistics (its result's ``extras``)."""
 
 
-class PoolDrafting(BatchDrafting):
+class PoolDrafting(Drafting):
     """Every row's RACER automaton and copy-logit table in one :class:`racer_rs.DraftPool`.
 
     Args:
@@ -126,7 +134,7 @@ class PoolDrafting(BatchDrafting):
         next_tokens: Sequence[int],
         capacities: Sequence[int],
         edge_calibration: np.ndarray | None,
-    ) -> list[Proposal]:
+    ) -> list[Proposal | Exception]:
         """Every row's tree in one :meth:`DraftPool.propose` call."""
         draft = self.pool.propose(
             list(rows),
@@ -136,7 +144,7 @@ class PoolDrafting(BatchDrafting):
         )
         return [Proposal(draft.tree(i)) for i in range(len(rows))]
 
-    def observe(self, rows: Sequence[int], outcomes: Sequence[StepOutcome]) -> None:
+    def observe(self, rows: Sequence[int], outcomes: Sequence[StepOutcome]) -> list[Exception | None]:
         """``RacerDrafter.observe`` for every row: copy-logit rows (rejected nodes first, the
         accepted path last), then the committed tokens extend every row's automaton at once."""
         for row, outcome in zip(rows, outcomes, strict=True):
@@ -149,6 +157,7 @@ class PoolDrafting(BatchDrafting):
                 self.pool.update_topk(row, tokens[order], outcome.topk_ids[order], probs)
         if rows:
             self.pool.extend(list(rows), [np.asarray(o.committed, dtype=np.int32) for o in outcomes])
+        return [None] * len(rows)
 
     def end(self, row: int) -> None:
         """Free the row's automaton and table."""
@@ -160,24 +169,33 @@ class PoolDrafting(BatchDrafting):
         return {"persistent": False, "draft_pool": True}
 
 
-class RowDrafting(BatchDrafting):
-    """One drafter per row, each driven as the decode loop drives a request's drafter.
+class RowDrafting(Drafting):
+    """One drafter per row, each driven as a single request's drafter.
 
     Args:
-        drafters: one drafter per row of the batch (distinct objects).
+        build: makes a drafter for a new row (called when its request is admitted).
+        slots: the most rows live at once; a persistent drafter is kept per slot and serves the
+            slot's next request (its state carried across requests, as with one ``generate``
+            call after another).
+        first: an already built drafter (the method's, or the caller's ``drafter=``): the first
+            slot's.
     """
 
-    def __init__(self, drafters: Sequence[Drafter]) -> None:
-        first = drafters[0]
-        self.drafters = list(drafters)
+    def __init__(self, build: Callable[[], Drafter], slots: int, first: Drafter) -> None:
+        self.build = build
         self.name = first.name
         self.needs_topk = first.needs_topk
         self.needs_topk_probs = first.needs_topk_probs
         self.needs_logits = first.needs_logits
         self._takes_calibration = "edge_calibration" in inspect.signature(first.propose).parameters
+        self.idle: list[Drafter] = [first]  # built, not serving a row
+        self.drafters: dict[int, Drafter] = {}
+        self.slots = slots
 
     def begin(self, row: int, request: RequestStart) -> None:
-        self.drafters[row].begin(request)
+        drafter = self.idle.pop() if self.idle else self.build()
+        self.drafters[row] = drafter
+        drafter.begin(request)
 
     def propose(
         self,
@@ -186,43 +204,66 @@ class RowDrafting(BatchDrafting):
         next_tokens: Sequence[int],
         capacities: Sequence[int],
         edge_calibration: np.ndarray | None,
-    ) -> list[Proposal]:
-        proposals = []
+    ) -> list[Proposal | Exception]:
+        proposals: list[Proposal | Exception] = []
         for row, context, token, capacity in zip(rows, contexts, next_tokens, capacities, strict=True):
             drafter = self.drafters[row]
-            if self._takes_calibration:
-                propose: Any = drafter.propose  # its signature takes the optional calibration
-                proposals.append(propose(context, token, capacity, edge_calibration=edge_calibration))
-            else:
-                proposals.append(drafter.propose(context, token, capacity))
+            try:
+                if self._takes_calibration:
+                    propose: Any = drafter.propose  # its signature takes the optional calibration
+                    proposals.append(propose(context, token, capacity, edge_calibration=edge_calibration))
+                else:
+                    proposals.append(drafter.propose(context, token, capacity))
+            except Exception as error:
+                proposals.append(error)
         return proposals
 
-    def observe(self, rows: Sequence[int], outcomes: Sequence[StepOutcome]) -> None:
+    def observe(self, rows: Sequence[int], outcomes: Sequence[StepOutcome]) -> list[Exception | None]:
+        failures: list[Exception | None] = []
         for row, outcome in zip(rows, outcomes, strict=True):
-            self.drafters[row].observe(outcome)
+            try:
+                self.drafters[row].observe(outcome)
+                failures.append(None)
+            except Exception as error:
+                failures.append(error)
+        return failures
 
     def end(self, row: int) -> None:
-        self.drafters[row].end()
+        drafter = self.drafters.get(row)
+        if drafter is not None:
+            drafter.end()
+
+    def release(self, row: int) -> None:
+        drafter = self.drafters.pop(row, None)
+        # A persistent drafter carries its state to the slot's next request; others are dropped.
+        if drafter is not None and getattr(drafter, "persistent", False) and len(self.idle) < self.slots:
+            self.idle.append(drafter)
 
     def stats(self, row: int) -> dict[str, Any]:
         return dict(self.drafters[row].stats())
 
 
-def make_batch_drafting(method: str, model: Any, rows: int, vocab: int, options: dict[str, Any]) -> BatchDrafting:
-    """The batch drafting of ``method`` for ``rows`` rows (options checked by the method's factory).
+def make_drafting(
+    method: str, model: Any, rows: int, vocab: int, options: dict[str, Any], drafter: Drafter | None = None
+) -> Drafting:
+    """The drafting of ``method`` for at most ``rows`` live rows (options checked by the method's
+    factory), or of the caller's prebuilt ``drafter`` (one row at a time).
+
+    RACER's methods draft a batch in one :class:`DraftPool` when more than one row can be live and
+    their state is the request's own; a single row, persistent state or a shared index keeps the
+    method's own drafter per row (what one ``generate`` call uses).
 
     Raises:
-        UnsupportedError: a draft-model method, or an option the batch cannot honour.
         InvalidArgumentError, InvalidTypeError: bad method or options (as ``make_drafter``).
     """
-    if isinstance(method, str) and method in UNBATCHED_METHODS:
-        raise UnsupportedError(
-            f"method {method!r} drafts with a draft model (one KV cache per request) and is not supported by "
-            "generate_batch; use racer_rs.generate for each prompt"
-        )
+    if drafter is not None:
+        return RowDrafting(lambda: drafter, 1, drafter)
     first = make_drafter(method, model, **options)
-    if method in POOL_METHODS:
+    pooled = (
+        rows > 1 and method in POOL_METHODS and not getattr(first, "persistent", False) and not options.get("index")
+    )
+    if pooled:
         if not isinstance(first, RacerDrafter):
             raise InvalidTypeError(f"method {method!r} did not build a RacerDrafter")
         return PoolDrafting(first, vocab)
-    return RowDrafting([first] + [make_drafter(method, model, **options) for _ in range(rows - 1)])
+    return RowDrafting(lambda: make_drafter(method, model, **options), rows, first)

@@ -21,7 +21,8 @@ most the spread of the rows' lengths.
 
 Prompts are prefilled one by one (:meth:`racer_rs.target.verifier.TreeVerifier.prefill`, exactly
 what :func:`racer_rs.generate` computes, the drafters' prompt top-k included) and their caches
-copied into the batch.
+copied into the batch as new rows, at the start or between any two forwards (requests join a
+running batch as others leave it).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class BatchLayer(GrowableLayer):
 
     def adopt(self, keys: torch.Tensor, values: torch.Tensor, rows: int) -> None:
         """Start from an empty batch of ``rows`` rows shaped like ``keys``/``values`` ``[1, H, L, D]``
-        (the columns are filled by :meth:`write_row`)."""
+        (the rows are added by :meth:`append_rows`)."""
         self.lazy_initialization(keys, values)
         self._key_buffer = keys.new_zeros((rows, keys.shape[1], 0, keys.shape[3]))
         self._value_buffer = values.new_zeros((rows, values.shape[1], 0, values.shape[3]))
@@ -64,11 +65,24 @@ class BatchLayer(GrowableLayer):
         grown[..., :used, :] = buffer[..., :used, :]
         return grown
 
-    def write_row(self, row: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Copy one request's ``[1, H, L, D]`` cache into columns ``0 .. L - 1`` of ``row``."""
-        length = keys.shape[-2]
-        self._key_buffer[row, :, :length] = keys[0]
-        self._value_buffer[row, :, :length] = values[0]
+    def append_rows(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
+        """Add one row per ``[1, H, L, D]`` cache after the existing rows (between forwards: the
+        layer holds committed columns only); the physical length grows to the longest row."""
+        used = self.get_seq_length()
+        width = max(used, *(k.shape[-2] for k in keys))
+        self.reserve(width)
+        columns = self._key_buffer.shape[-2]
+        new_keys = self._key_buffer.new_zeros((len(keys), self._key_buffer.shape[1], columns, self._key_buffer.shape[3]))
+        new_values = self._value_buffer.new_zeros(
+            (len(values), self._value_buffer.shape[1], columns, self._value_buffer.shape[3])
+        )
+        for row, (k, v) in enumerate(zip(keys, values, strict=True)):
+            new_keys[row, :, : k.shape[-2]] = k[0]
+            new_values[row, :, : v.shape[-2]] = v[0]
+        self._key_buffer = torch.cat([self._key_buffer, new_keys])
+        self._value_buffer = torch.cat([self._value_buffer, new_values])
+        self.keys = self._key_buffer[..., :width, :]
+        self.values = self._value_buffer[..., :width, :]
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep the batch rows ``index`` (in that order)."""
@@ -129,8 +143,21 @@ class BatchVerifier:
         probs_temperature: float | None = None,
         timings: list[float] | None = None,
     ) -> list[PrefillOutput]:
+        """Start a new batch of ``prompts`` (see :meth:`add_rows`)."""
+        self.cache = None
+        self.lengths = np.zeros(0, dtype=np.int64)
+        return self.add_rows(prompts, topk, probs_temperature, timings)
+
+    @torch.inference_mode()
+    def add_rows(
+        self,
+        prompts: Sequence[np.ndarray],
+        topk: int = 0,
+        probs_temperature: float | None = None,
+        timings: list[float] | None = None,
+    ) -> list[PrefillOutput]:
         """Run every prompt through the target (one by one, as :func:`racer_rs.generate` does)
-        and gather their caches into the batch's.
+        and add their caches as new rows after the live ones (between forwards).
 
         Args:
             prompts: ``int32[L_b]`` prompts, ``L_b >= 1``.
@@ -142,26 +169,32 @@ class BatchVerifier:
             Every prompt's :class:`PrefillOutput`, in order.
         """
         single = TreeVerifier(self.model)
-        lengths = np.asarray([len(p) for p in prompts], dtype=np.int64)
         outputs = []
-        layers: list[BatchLayer] = []
-        for row, prompt in enumerate(prompts):
+        caches: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        for prompt in prompts:
             started = time.perf_counter()
             outputs.append(single.prefill(prompt, topk=topk, probs_temperature=probs_temperature))
-            for index, layer in enumerate(single.cache.layers):
+            layers = []
+            for layer in single.cache.layers:
                 assert isinstance(layer, GrowableLayer) and layer.keys is not None and layer.values is not None
-                keys, values = layer.keys, layer.values
-                if row == 0:
-                    layers.append(BatchLayer())  # type: ignore[no-untyped-call]  # transformers' __init__
-                    layers[index].adopt(keys, values, len(prompts))
-                    layers[index].reserve(int(lengths.max()))
-                layers[index].write_row(row, keys, values)
+                layers.append((layer.keys, layer.values))
+            caches.append(layers)
             if timings is not None:
                 timings.append(time.perf_counter() - started)
-        cache = DynamicCache(config=self.model.config)
-        cache.layers = list(layers)
-        self.cache = cache
-        self.lengths = lengths
+        if not caches:
+            return outputs
+        if self.cache is None:
+            batch_layers: list[BatchLayer] = []
+            for keys, values in caches[0]:
+                layer = BatchLayer()  # type: ignore[no-untyped-call]  # transformers' __init__
+                layer.adopt(keys, values, 0)
+                batch_layers.append(layer)
+            cache = DynamicCache(config=self.model.config)
+            cache.layers = list(batch_layers)
+            self.cache = cache
+        for index, layer in enumerate(self._layers()):
+            layer.append_rows([c[index][0] for c in caches], [c[index][1] for c in caches])
+        self.lengths = np.concatenate([self.lengths, np.asarray([len(p) for p in prompts], dtype=np.int64)])
         return outputs
 
     def tree_mask(self, ancestors: np.ndarray) -> torch.Tensor:

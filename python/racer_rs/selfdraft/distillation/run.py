@@ -32,7 +32,6 @@ from typing import Any
 import torch
 
 from racer_rs._io import check_writable_folder, write_text_atomically
-from racer_rs.target.verifier import vocab_size as target_vocab_size
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 from racer_rs.selfdraft.checkpoint import (
     MANIFEST,
@@ -62,6 +61,7 @@ from racer_rs.selfdraft.distillation.training import (
     trainable_parameters,
 )
 from racer_rs.selfdraft.model import check_self_draft_target, self_draft
+from racer_rs.target.verifier import vocab_size as target_vocab_size
 
 WORK = "work"
 Progress = Callable[[str], None]

@@ -1,0 +1,640 @@
+"""The decode engine: one loop over a set of live rows, for every batch size.
+
+:func:`racer_rs.generate` runs it with one row, :func:`racer_rs.generate_batch` with many. Each
+step is ONE target forward over every live row's draft tree:
+
+1. ``draft``: a tree for every live row (:mod:`racer_rs.engine.drafting`: RACER's methods draft
+   the whole batch in one :meth:`racer_rs.DraftPool.propose` call, others row by row), cut by the
+   capacity policy (``capacity="auto"``: one node budget for the live rows,
+   :mod:`racer_rs.engine.capacity`);
+2. ``verify``: one forward over every row's tree, padded to the step's largest tree
+   (:class:`racer_rs.target.batch_verifier.BatchVerifier`: per-row positions, a 4D mask over each
+   row's own valid prefix and ancestors), the acceptors' device-side predictions for all rows and
+   the step's single device-to-host copy (a row verifying a draft model's chain while sampling
+   decides on its own, with chain speculative sampling);
+3. ``accept``: per row, its acceptor (greedy walk, the position-keyed sampling walk with the row's
+   own uniforms and generator, or chain speculative sampling);
+4. ``commit``: per row, cut at EOS / its budget; the ragged KV cache is compacted, finished rows
+   leave the batch, and the next waiting requests are admitted into the freed rows
+   (``max_batch_size``), so a long job runs at a steady concurrency.
+
+Every row is lossless on its own: greedy rows equal plain greedy decoding of their prompt, and a
+sampled row with seed ``s`` draws exactly what ``generate(..., seed=s)`` draws (the same uniforms,
+keyed by the row's own generation position). A row whose drafter or streamer fails ends alone,
+its error and the tokens it had committed in its :class:`RowResult`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from racer_rs._native import DraftTree
+from racer_rs.drafters.base import Proposal, RequestStart, StepOutcome
+from racer_rs.engine.acceptance import (
+    Acceptance,
+    Acceptor,
+    ChainSpeculativeSampling,
+    GreedyWalk,
+    SamplingWalk,
+    StepInputs,
+)
+from racer_rs.engine.capacity import CapacityPolicy, StepReport
+from racer_rs.engine.drafting import Drafting
+from racer_rs.engine.streaming import StreamAdapter
+from racer_rs.engine.transfer import HostTransfer
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError
+from racer_rs.target.batch_verifier import BatchVerifier
+from racer_rs.target.sampling import SamplingConfig, draw_uniforms, process_logits, sample_nodes, sample_position
+from racer_rs.target.verifier import topk_with_probs
+
+TIMING_KEYS = ("prefill", "draft", "verify", "forward", "accept", "bookkeeping", "total")
+#: The acceptors' host results, ``[B, n_max]`` each: every row reads its own nodes.
+WALK_RESULTS = ("predicted", "valid")
+
+
+@dataclass
+class Request:
+    """One request, as every public entry point builds it once from its keywords.
+
+    Attributes:
+        index: its position in the call's results.
+        prompt: ``int32[L]`` prompt ids (checked).
+        max_new_tokens: its token budget.
+        seed: seeds the row's private generator (``None``: torch's global one).
+        streamer: the user's streamer for this request, or ``None``.
+    """
+
+    index: int
+    prompt: np.ndarray
+    max_new_tokens: int
+    seed: int | None = None
+    streamer: Any = None
+
+
+@dataclass
+class DecodeState:
+    """Mutable state of one live row (one request).
+
+    Attributes:
+        context: ``int32`` buffer holding the prompt then the generated tokens.
+        prompt_length: number of prompt tokens at the start of ``context``.
+        length: number of committed tokens in ``context``.
+        next_token: the token the target produced last (the next tree's root); not yet
+            committed and not yet in the KV cache.
+        max_new_tokens: the token budget.
+        accepted_lengths: tokens committed per step.
+        positions: generated count at the start of each step.
+        finished: true once EOS or the budget ended the request.
+        timings: accumulated seconds per phase (see :class:`racer_rs.GenerationResult`).
+        tree_nodes: total number of verified tree nodes.
+        resampled_nodes: nodes whose fast sample had to be redrawn exactly.
+        uniforms: ``[max_new_tokens + 1, CANDIDATES]`` uniforms keyed by generation position
+            (sampling only; see :func:`racer_rs.target.sampling.draw_uniforms`).
+        request: the request this row decodes (``None`` for a state built by hand).
+        generator: the row's random generator (``None``: torch's global one).
+        streamer: the row's adapted streamer.
+        admitted_at, first_token_at, finished_at: ``time.perf_counter()`` when the row was
+            admitted, committed its first token and finished.
+        error: what ended the row early, if anything.
+    """
+
+    context: np.ndarray
+    prompt_length: int
+    length: int
+    next_token: int
+    max_new_tokens: int
+    accepted_lengths: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    finished: bool = False
+    timings: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIMING_KEYS, 0.0))
+    tree_nodes: int = 0
+    resampled_nodes: int = 0
+    uniforms: torch.Tensor | None = None
+    request: Request | None = None
+    generator: torch.Generator | None = None
+    streamer: StreamAdapter | None = None
+    admitted_at: float = 0.0
+    first_token_at: float = 0.0
+    finished_at: float = 0.0
+    error: BaseException | None = None
+
+    @classmethod
+    def after_prefill(
+        cls,
+        prompt: np.ndarray,
+        max_new_tokens: int,
+        last_logits: torch.Tensor,
+        sampling: SamplingConfig,
+        uniforms: torch.Tensor | None,
+        generator: torch.Generator | None,
+    ) -> DecodeState:
+        """A request's state once its prompt is prefilled: the first token is the prefill's
+        argmax (greedy: ``uniforms`` is None) or its sample with ``uniforms[0]``."""
+        if uniforms is None:
+            first = int(last_logits.argmax())
+        else:
+            first = sample_position(last_logits, sampling, uniforms[0], generator)
+        context = np.zeros(len(prompt) + max_new_tokens, dtype=np.int32)
+        context[: len(prompt)] = prompt
+        return cls(
+            context=context,
+            prompt_length=len(prompt),
+            length=len(prompt),
+            next_token=first,
+            max_new_tokens=max_new_tokens,
+            uniforms=uniforms,
+            generator=generator,
+        )
+
+    @property
+    def generated(self) -> int:
+        """Number of tokens generated so far."""
+        return self.length - self.prompt_length
+
+    @property
+    def row(self) -> int:
+        """The row's key in the drafting and the capacity policy: its request's index."""
+        return 0 if self.request is None else self.request.index
+
+
+@dataclass
+class Verified:
+    """One row's verify-phase output: the acceptor's inputs and what the step copied to the host.
+
+    Attributes:
+        step: the acceptor's view of the step (proposal, logits, position, uniforms).
+        acceptor: the acceptor that queued the predictions.
+        host: the row's host-side results by name.
+        node_logits: processed logits of every node, when the drafter asked for them.
+    """
+
+    step: StepInputs
+    acceptor: Acceptor
+    host: dict[str, np.ndarray]
+    node_logits: torch.Tensor | None
+
+
+@dataclass
+class Verification:
+    """One row's accept-phase output: what the step commits and what the drafter learns.
+
+    Attributes:
+        path: accepted node indices, root first.
+        bonus: the target's token after the accepted path.
+        topk_ids: ``int32[n, k]`` top-k ids of every node's logits, or ``None``.
+        node_logits: processed logits of every node if the drafter asked for them.
+        topk_probs: ``float32[n, k]`` probabilities of ``topk_ids`` if the drafter asked.
+    """
+
+    path: list[int]
+    bonus: int
+    topk_ids: np.ndarray | None
+    node_logits: torch.Tensor | None
+    topk_probs: np.ndarray | None = None
+
+
+def check_proposal(name: str, proposal: Any, capacity: int, next_token: int) -> Proposal:
+    """``proposal`` if drafter ``name`` kept the rules: a :class:`Proposal` holding a
+    :class:`DraftTree` of at most ``capacity`` nodes rooted at ``next_token`` (a chain with one
+    ``draft_probs`` row per drafted node, if it has them).
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: a rule broken (the message names the drafter).
+    """
+    if not isinstance(proposal, Proposal) or not isinstance(proposal.tree, DraftTree):
+        raise InvalidTypeError(f"drafter {name!r} must return a Proposal holding a DraftTree")
+    size = len(proposal.tree)
+    if size > capacity:
+        raise InvalidArgumentError(f"drafter {name!r} proposed {size} nodes for a capacity of {capacity}")
+    if int(proposal.tree.tokens[0]) != next_token:
+        raise InvalidArgumentError(f"drafter {name!r} returned a tree whose root is not next_token")
+    if proposal.draft_probs is not None and (
+        proposal.tree.max_depth != size - 1 or tuple(proposal.draft_probs.shape[:1]) != (size - 1,)
+    ):
+        raise InvalidArgumentError(f"drafter {name!r}: draft_probs needs a chain tree and one row per drafted node")
+    return proposal
+
+
+class RowFailure(Exception):
+    """Raised inside the engine to end one row: ``cause`` is the row's own error."""
+
+    def __init__(self, state: DecodeState, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.state = state
+        self.cause = cause
+
+
+class DecodeEngine:
+    """Decodes requests at a bounded concurrency: at most ``max_rows`` live rows share every
+    forward; a finished row's place goes to the next waiting request at once.
+
+    Args:
+        verifier: the target's batched verifier (owns the ragged KV cache).
+        drafting: the method's drafting for every row.
+        sampling: the call's sampling settings.
+        policy: the capacity policy (a fixed node limit, or ``capacity="auto"``).
+        eos_token_ids: ids that end a request.
+        max_rows: the most rows live at once.
+        started: ``time.perf_counter()`` at the call's start.
+        on_finish: called with every row's state as it finishes (in finishing order).
+        isolate_failures: a row whose drafter or streamer fails ends alone (its error kept in its
+            state) instead of the whole call raising.
+    """
+
+    def __init__(
+        self,
+        verifier: BatchVerifier,
+        drafting: Drafting,
+        sampling: SamplingConfig,
+        policy: CapacityPolicy,
+        eos_token_ids: tuple[int, ...],
+        max_rows: int,
+        started: float,
+        on_finish: Callable[[DecodeState], None],
+        isolate_failures: bool,
+    ) -> None:
+        self.verifier = verifier
+        self.drafting = drafting
+        self.sampling = sampling
+        self.policy = policy
+        self.eos = np.asarray(eos_token_ids, dtype=np.int32)
+        self.max_rows = max_rows
+        self.started = started
+        self.on_finish = on_finish
+        self.isolate_failures = isolate_failures
+        # One walk for every row; chain speculative sampling serves the proposals that carry
+        # draft probabilities (a draft model's chains) when the call samples.
+        self.walk: Acceptor = GreedyWalk(sampling) if sampling.greedy else SamplingWalk(sampling)
+        self.chain: Acceptor | None = None if sampling.greedy else ChainSpeculativeSampling(sampling)
+        self.live: list[DecodeState] = []  # in the verifier's row order
+        self._finished_rows: list[DecodeState] = []  # finished, not yet handed to on_finish
+        self.steps = 0
+        self.peak_rows = 0
+
+    # --- admission ----------------------------------------------------------------------------
+
+    def admit(self, requests: Sequence[Request]) -> None:
+        """Prefill ``requests`` into new rows after the live ones, pick each one's first token and
+        start its drafting."""
+        probs_temperature = self.sampling.temperature if self.drafting.needs_topk_probs else None
+        for request in requests:
+            admitted = time.perf_counter()
+            output = self.verifier.add_rows(
+                [request.prompt], topk=self.drafting.needs_topk, probs_temperature=probs_temperature
+            )[0]
+            device = self.verifier.device
+            generator = None if request.seed is None else torch.Generator(device=device).manual_seed(request.seed)
+            uniforms = None
+            if not self.sampling.greedy:
+                # One extra row: a step's deepest node may predict one token past the budget.
+                uniforms = draw_uniforms(request.max_new_tokens + 1, generator, device)
+            state = DecodeState.after_prefill(
+                request.prompt, request.max_new_tokens, output.last_logits, self.sampling, uniforms, generator
+            )
+            state.request = request
+            state.admitted_at = admitted
+            self.live.append(state)
+            self.peak_rows = max(self.peak_rows, len(self.live))
+            self.policy.admit(state.row)
+            try:
+                if request.streamer is not None:
+                    state.streamer = StreamAdapter(request.streamer, request.prompt)
+                self.drafting.begin(
+                    state.row,
+                    RequestStart(
+                        prompt_ids=state.context[: len(request.prompt)].copy(),
+                        prompt_topk=output.prompt_topk,
+                        prompt_logits_last=output.last_logits.detach(),
+                        vocab_size=int(output.last_logits.shape[-1]),
+                        device=device,
+                        dtype=self.verifier.dtype,
+                        temperature=self.sampling.temperature,
+                        top_p=self.sampling.top_p,
+                        top_k=self.sampling.top_k,
+                        max_new_tokens=request.max_new_tokens,
+                        eos_token_ids=tuple(int(t) for t in self.eos),
+                        generator=generator,
+                        model=self.verifier.model,
+                        prompt_topk_probs=output.prompt_topk_probs,
+                        prompt_topk_positions=output.prompt_topk_positions,
+                    ),
+                )
+            except Exception as error:
+                self._fail(state, error)
+            state.timings["prefill"] += time.perf_counter() - admitted
+
+    # --- one step -----------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One step over the live rows: rows whose root is their last token commit it without a
+        forward (as plain decoding does); the others draft, verify, accept and commit together."""
+        for state in self.live:
+            state.positions.append(state.generated)
+        for state in list(self.live):
+            if state.max_new_tokens - state.generated == 1 or state.next_token in self.eos:
+                started = time.perf_counter()
+                self._append(state, np.asarray([state.next_token], dtype=np.int32), finished=True)
+                state.timings["bookkeeping"] += time.perf_counter() - started
+        self._drop_finished()
+        if not self.live:
+            return
+        live = list(self.live)
+        self.steps += 1
+        started = time.perf_counter()
+        drafted_all = self.draft(live)
+        full = [p for p in drafted_all if p is not None]
+        if len(full) != len(live):  # a row failed while drafting: it leaves the batch alone
+            live = [state for state, p in zip(live, drafted_all, strict=True) if p is not None]
+            self._drop_finished()
+            if not live:
+                return
+        rows = [state.row for state in live]
+        proposals, choices = self.policy.cut(full, rows, self.verifier.physical)
+        drafted = time.perf_counter()
+        context = self.verifier.physical
+        forward_before = self.verifier.model_seconds
+        verified = self.verify(live, proposals)
+        forward = self.verifier.model_seconds - forward_before
+        padded = max(len(p.tree) for p in proposals)
+        verified_at = time.perf_counter()
+        verifications = [self.accept(state, v) for state, v in zip(live, verified, strict=True)]
+        accepted_at = time.perf_counter()
+        self.commit(live, proposals, verifications)
+        finished = time.perf_counter()
+        for state in live:
+            timings = state.timings
+            timings["draft"] += drafted - started
+            timings["verify"] += verified_at - drafted
+            timings["forward"] += forward
+            timings["accept"] += accepted_at - verified_at
+            timings["bookkeeping"] += finished - accepted_at
+        self.policy.observe(
+            StepReport(
+                rows=rows,
+                full=full,
+                verified=proposals,
+                choices=choices,
+                paths=[v.path for v in verifications],
+                bonuses=[v.bonus for v in verifications],
+                randomized=[p.draft_probs is not None and not self.sampling.greedy for p in proposals],
+                committed=[state.accepted_lengths[-1] for state in live],
+                context=context,
+                padded=padded,
+                forward=forward,
+                step=finished - started,
+            )
+        )
+        self._drop_finished()
+
+    def draft(self, live: list[DecodeState]) -> list[Proposal | None]:
+        """Every live row's proposal, checked as the drafter's rules require; ``None`` for a row
+        whose drafter failed or broke them (the row fails alone)."""
+        contexts = []
+        for state in live:
+            context = state.context[: state.length]
+            context.flags.writeable = False  # a view of the engine's buffer; drafters only read it
+            contexts.append(context)
+        capacities = [min(self.policy.limit, state.max_new_tokens - state.generated) for state in live]
+        next_tokens = [state.next_token for state in live]
+        proposals = self.drafting.propose(
+            [state.row for state in live], contexts, next_tokens, capacities, self.policy.edge_calibration()
+        )
+        if len(proposals) != len(live):
+            raise InvalidArgumentError(
+                f"drafting {self.drafting.name!r} returned {len(proposals)} proposals for {len(live)} rows"
+            )
+        checked: list[Proposal | None] = []
+        for state, proposal, capacity, token in zip(live, proposals, capacities, next_tokens, strict=True):
+            try:
+                if isinstance(proposal, BaseException):  # the row's own drafter raised it
+                    raise proposal
+                checked.append(check_proposal(self.drafting.name, proposal, capacity, token))
+            except Exception as error:
+                self._fail(state, error)
+                checked.append(None)
+        return checked
+
+    def verify(self, live: list[DecodeState], proposals: list[Proposal]) -> list[Verified]:
+        """One forward over every row's tree; the acceptors' predictions and the drafters' top-k
+        for all rows, copied to the host in the step's one transfer."""
+        trees = [p.tree for p in proposals]
+        for state, tree in zip(live, trees, strict=True):
+            state.tree_nodes += len(tree)
+        logits = self.verifier.forward_trees(trees)
+        chains = [self.chain is not None and p.draft_probs is not None and len(p.tree) > 1 for p in proposals]
+        steps = [
+            StepInputs(p, logits[index, : len(p.tree)], state.generated, state.uniforms, state.generator)
+            for index, (state, p) in enumerate(zip(live, proposals, strict=True))
+        ]
+        transfer = HostTransfer()
+        self._predict(live, trees, logits, transfer)
+        k = self.drafting.needs_topk
+        if k > 0 and self.drafting.needs_topk_probs:
+            ids, probs = topk_with_probs(logits, k, self.sampling.temperature)
+            transfer.add("topk_ids", ids)
+            transfer.add("topk_probs", probs)
+        elif k > 0:
+            transfer.add("topk_ids", torch.topk(logits, k, dim=-1).indices)
+        # A chain verified with chain speculative sampling decides on its own (its draws come from
+        # the row's generator in the order plain generate() makes them).
+        chain_hosts: dict[int, dict[str, np.ndarray]] = {}
+        for index, is_chain in enumerate(chains):
+            if is_chain:
+                assert self.chain is not None
+                own = HostTransfer()
+                self.chain.predict(steps[index], own)
+                chain_hosts[index] = own.fetch()
+        host = transfer.fetch()
+        verified = []
+        for index, step in enumerate(steps):
+            n = len(step.proposal.tree)
+            own_host = {
+                name: host[name][index, :n] for name in (*WALK_RESULTS, "topk_ids", "topk_probs") if name in host
+            }
+            acceptor = self.walk
+            if index in chain_hosts:
+                assert self.chain is not None
+                acceptor = self.chain
+                own_host.update(chain_hosts[index])
+            node_logits = process_logits(step.logits, self.sampling).detach() if self.drafting.needs_logits else None
+            verified.append(Verified(step, acceptor, own_host, node_logits))
+        return verified
+
+    def _predict(
+        self, live: list[DecodeState], trees: list[DraftTree], logits: torch.Tensor, transfer: HostTransfer
+    ) -> None:
+        """The walk's device half for every row at once: ``GreedyWalk.predict`` /
+        ``SamplingWalk.predict`` on ``[B, n_max]`` nodes, each row with its own uniforms keyed by
+        its own generation position (padding nodes draw values nobody reads)."""
+        if self.sampling.greedy:
+            transfer.add("predicted", logits.argmax(dim=-1))
+            return
+        batch, width = logits.shape[:2]
+        device = logits.device
+        draws = []
+        for state, tree in zip(live, trees, strict=True):
+            assert state.uniforms is not None
+            positions = np.full(width, state.generated + 1, dtype=np.int64)
+            positions[: len(tree)] += tree.depths.astype(np.int64)
+            # A padding node past the budget's last uniform reads the last one (never used).
+            positions = np.minimum(positions, len(state.uniforms) - 1)
+            draws.append(state.uniforms[torch.from_numpy(positions).to(state.uniforms.device), 0])
+        uniforms = torch.stack(draws).to(device)
+        predicted, valid = sample_nodes(logits.reshape(batch * width, -1), self.sampling, uniforms.reshape(-1))
+        transfer.add("predicted", predicted.view(batch, width))
+        if valid is not None:
+            transfer.add("valid", valid.view(batch, width).long())
+
+    def accept(self, state: DecodeState, verified: Verified) -> Verification:
+        """The row's accepted path and bonus token."""
+        acceptance: Acceptance = verified.acceptor.accept(verified.step, verified.host)
+        state.resampled_nodes += acceptance.resampled
+        host = verified.host
+        topk_ids = host["topk_ids"].astype(np.int32) if "topk_ids" in host else None
+        topk_probs = host["topk_probs"].astype(np.float32) if "topk_probs" in host else None
+        return Verification(acceptance.path, acceptance.bonus, topk_ids, verified.node_logits, topk_probs)
+
+    def commit_row(self, state: DecodeState, tree: DraftTree, verification: Verification) -> StepOutcome:
+        """Cut the row's accepted path at EOS / its budget and append it; what its drafter learns."""
+        path = np.asarray(verification.path, dtype=np.int64)
+        committed = tree.tokens[path][: state.max_new_tokens - state.generated]
+        finished = state.generated + len(committed) >= state.max_new_tokens
+        if self.eos.size:
+            hits = np.flatnonzero(np.isin(committed, self.eos))
+            if hits.size:
+                committed = committed[: int(hits[0]) + 1]
+                finished = True
+        position = state.generated
+        self._append(state, committed, finished)
+        state.next_token = verification.bonus
+        return StepOutcome(
+            tree=tree,
+            path=verification.path,
+            bonus=verification.bonus,
+            committed=committed,
+            topk_ids=verification.topk_ids,
+            topk_probs=verification.topk_probs,
+            node_logits=verification.node_logits,
+            position=position,
+            finished=finished,
+        )
+
+    def commit(self, live: list[DecodeState], proposals: list[Proposal], verifications: list[Verification]) -> None:
+        """Commit every row, compact the cache (finished rows leave it) and let the drafting
+        observe."""
+        outcomes = [
+            self.commit_row(state, proposal.tree, verification)
+            for state, proposal, verification in zip(live, proposals, verifications, strict=True)
+        ]
+        paths = [
+            None if state.finished else np.asarray(v.path, dtype=np.int64)
+            for state, v in zip(live, verifications, strict=True)
+        ]
+        self.verifier.commit(paths)
+        self.live = [state for state in live if not state.finished]
+        failures = self.drafting.observe([state.row for state in live], outcomes)
+        for state, failure in zip(live, failures, strict=True):
+            if failure is not None:
+                self._fail(state, failure)
+
+    def _append(self, state: DecodeState, committed: np.ndarray, finished: bool) -> None:
+        count = len(committed)
+        state.context[state.length : state.length + count] = committed
+        state.length += count
+        state.accepted_lengths.append(count)
+        state.finished = finished
+        if not state.first_token_at:
+            state.first_token_at = time.perf_counter()
+        if finished:
+            self._mark_finished(state)
+        if state.streamer is not None and state.error is None:
+            try:
+                state.streamer.put(committed)
+            except Exception as error:
+                self._fail(state, error)
+
+    # --- rows ending --------------------------------------------------------------------------
+
+    def _mark_finished(self, state: DecodeState) -> None:
+        state.finished = True
+        if not state.finished_at:
+            state.finished_at = time.perf_counter()
+            self._finished_rows.append(state)
+
+    def _fail(self, state: DecodeState, error: BaseException) -> None:
+        """End the row with ``error`` (its committed tokens are kept); without isolation the
+        whole call stops with it."""
+        if not self.isolate_failures:
+            raise RowFailure(state, error)
+        if state.error is None:
+            state.error = error
+        self._mark_finished(state)
+
+    def _drop_finished(self) -> None:
+        """Rows that finished between forwards leave the cache."""
+        if not any(state.finished for state in self.live):
+            return
+        keep = [index for index, state in enumerate(self.live) if not state.finished]
+        self.verifier.keep_rows(keep)
+        self.live = [self.live[index] for index in keep]
+
+    def end_row(self, state: DecodeState) -> BaseException | None:
+        """Run the row's end hooks (its drafting's, then its streamer's); the first error, if any."""
+        first: BaseException | None = None
+        for hook in (lambda: self.drafting.end(state.row), state.streamer.end if state.streamer is not None else None):
+            if hook is None:
+                continue
+            try:
+                hook()
+            except Exception as error:
+                if first is None:
+                    first = error
+        return first
+
+    # --- the whole run ------------------------------------------------------------------------
+
+    def run(self, requests: Sequence[Request]) -> None:
+        """Decode every request; each finished row goes to ``on_finish`` as it ends."""
+        waiting = deque(requests)
+        ended: set[int] = set()
+        try:
+            while waiting or self.live:
+                free = self.max_rows - len(self.live)
+                if free > 0 and waiting:
+                    admitted = [waiting.popleft() for _ in range(min(free, len(waiting)))]
+                    self.admit(admitted)
+                    self._drop_finished()
+                self._report(ended)
+                if self.live:
+                    self.step()
+                    self._report(ended)
+            self._report(ended)
+        finally:
+            for state in [*self.live, *self._finished_rows]:
+                if state.row not in ended:
+                    ended.add(state.row)
+                    self.end_row(state)
+
+    def _report(self, ended: set[int]) -> None:
+        """Hand every finished, not yet reported row to ``on_finish`` (its end hooks run first;
+        the row's drafting state and policy statistics are freed after)."""
+        while self._finished_rows:
+            state = self._finished_rows.pop(0)
+            if state.row in ended:
+                continue
+            ended.add(state.row)
+            failure = self.end_row(state)
+            if failure is not None and state.error is None:
+                if not self.isolate_failures:
+                    raise RowFailure(state, failure)
+                state.error = failure
+            self.on_finish(state)
+            self.drafting.release(state.row)
+            self.policy.release(state.row)
