@@ -8,10 +8,8 @@ the statistics are checked on records with made-up times.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import racer_rs.engine.batch  # noqa: E402
+import racer_rs.engine.generation  # noqa: E402
 from racer_rs.bench.api import run_serving  # noqa: E402
 from racer_rs.bench.runner import Setting  # noqa: E402
 from racer_rs.bench.serving import ServingBenchmark, ServingRecord, round_order, summarise  # noqa: E402
@@ -35,38 +33,6 @@ ROWS = [
     {"question_id": 1, "category": "qa", "turns": ["What is two plus two?"]},
     {"question_id": 2, "category": "writing", "turns": ["Write a line.", "Now shorten it."]},
 ]
-
-
-def _static_serving(real: Any) -> Any:
-    """``generate_batch`` with ``max_batch_size`` for an engine without it: the prompts in
-    consecutive groups of ``max_batch_size``, with the admission and first-token times the
-    contract asks for (seconds from the call's start)."""
-
-    def generate_batch(
-        model: Any, prompts: Any, *, max_batch_size: int | None = None, seed: Any = None, **kw: Any
-    ) -> Any:
-        start = time.perf_counter()
-        size = max_batch_size or len(prompts)
-        out = []
-        for first in range(0, len(prompts), size):
-            admitted = time.perf_counter() - start
-            results = real(model, prompts[first : first + size], seed=None if seed is None else seed + first, **kw)
-            for result in results:
-                result.extras["admitted_s"] = admitted
-                result.extras["first_token_s"] = admitted + result.timings["prefill"]
-                result.timings["total"] += admitted
-            out += results
-        return out
-
-    return generate_batch
-
-
-@pytest.fixture(autouse=True)
-def serving_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Until the engine's ``generate_batch`` takes ``max_batch_size``, a static stand-in for it."""
-    real = racer_rs.engine.batch.generate_batch
-    if "max_batch_size" not in inspect.signature(real).parameters:
-        monkeypatch.setattr(racer_rs.engine.batch, "generate_batch", _static_serving(real))
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +97,7 @@ def test_serving_bench_reports_throughput_latency_and_speedups(tiny_model, data_
 
 
 def test_a_wrong_served_request_is_a_mismatch(tiny_model, data_file, tmp_path, capsys, monkeypatch):
-    real = racer_rs.engine.batch.generate_batch
+    real = racer_rs.engine.generation.generate_batch
 
     def wrong(*args: Any, **kwargs: Any) -> Any:
         results = real(*args, **kwargs)
@@ -139,7 +105,7 @@ def test_a_wrong_served_request_is_a_mismatch(tiny_model, data_file, tmp_path, c
             results[1].tokens[3] = (results[1].tokens[3] + 1) % 64
         return results
 
-    monkeypatch.setattr(racer_rs.engine.batch, "generate_batch", wrong)
+    monkeypatch.setattr(racer_rs.engine.generation, "generate_batch", wrong)
     extra = ("--concurrency", "1", "2", "--methods", "pld", "--temperature", "0")
     code, _, stderr, report = run(capsys, serving_args(tiny_model, data_file, tmp_path / "out", *extra))
     assert code == 1

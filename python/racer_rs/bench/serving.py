@@ -167,7 +167,7 @@ class ServingBenchmark:
         import torch
 
         # The module, not its function: looked up at call time, so that tests can swap it.
-        from racer_rs.engine import batch as engine_batch
+        from racer_rs.engine import generation as engine_generation
 
         for label in methods:
             split(label)  # a bad capacity fails before any timing
@@ -181,7 +181,7 @@ class ServingBenchmark:
         self.repeat = repeat
         self.seed = seed
         self.options = options or {}
-        self._engine = engine_batch
+        self._engine = engine_generation
         parameter = next(model.parameters())
         self.half = parameter.dtype in (torch.bfloat16, torch.float16)
         self._device = parameter.device
@@ -275,13 +275,17 @@ class ServingBenchmark:
 def _record(
     setting: str, concurrency: int, round_index: int, repeat: int, label: str, ar_pass: int, wall: float, results: Any
 ) -> ServingRecord:
-    def extra(result: Any, key: str) -> float:
-        value = result.extras.get(key)
-        if value is None:
+    for row, result in enumerate(results):
+        if getattr(result, "error", None) is not None:
+            raise InvalidArgumentError(f"{label} at concurrency {concurrency}: request {row} failed: {result.error}")
+        if "admitted_s" not in result.extras:
             raise InvalidArgumentError(
-                f"generate_batch's result has no extras[{key!r}]: this engine does not report admission times"
+                "generate_batch's results have no extras['admitted_s']: this engine does not serve"
             )
-        return float(value)
+
+    def first_token(result: Any) -> float:
+        value = result.extras.get("first_token_s")  # None: no token committed
+        return float(result.timings["total"] if value is None else value)
 
     return ServingRecord(
         setting=setting,
@@ -292,8 +296,8 @@ def _record(
         ar_pass=ar_pass,
         wall_s=wall,
         tokens=[list(map(int, r.tokens)) for r in results],
-        admitted_s=[extra(r, "admitted_s") for r in results],
-        first_token_s=[extra(r, "first_token_s") for r in results],
+        admitted_s=[float(r.extras["admitted_s"]) for r in results],
+        first_token_s=[first_token(r) for r in results],
         total_s=[float(r.timings["total"]) for r in results],
         steps=[int(r.steps) for r in results],
         setup_s=max((_setup_seconds(r.extras) for r in results), default=0.0),
