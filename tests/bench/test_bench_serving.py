@@ -81,7 +81,8 @@ def test_serving_bench_reports_throughput_latency_and_speedups(tiny_model, data_
         assert row["rounds"] == 2 and row["requests"] == 2 * 3 and row["new_tokens"] == 2 * 3 * 8
         assert row["tokens_per_s"] > 0 and row["tpot_ms_p50"] > 0 and row["ttft_ms_p50"] >= 0
         assert 0 < row["latency_s_p50"] <= row["latency_s_p90"] <= row["latency_s_p99"]
-        assert row["speedup_low"] <= row["speedup"] <= row["speedup_high"] or row["disturbed"] > 4
+        if row["requests"] - row["disturbed"] >= 2:  # an interval needs two undisturbed requests
+            assert row["speedup_low"] <= row["speedup"] <= row["speedup_high"]
         assert row["checked"] == (2 * 3 if setting == "greedy" else 0) and row["mismatches"] == 0
         if method == "ar":
             assert row["vs_ar_tokens_per_s"] == pytest.approx(1.0)

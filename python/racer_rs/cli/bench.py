@@ -430,7 +430,7 @@ def run(args: argparse.Namespace) -> int:
     from racer_rs.cli.bench_serving import check_arguments, run_serving_bench
 
     check_arguments(args)
-    if args.concurrency:
+    if getattr(args, "concurrency", None):
         with common.torch_threads(args.threads):
             return run_serving_bench(args)
     if args.batch_size:

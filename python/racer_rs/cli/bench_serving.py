@@ -48,8 +48,8 @@ _REFUSED = (
 def check_arguments(args: argparse.Namespace) -> None:
     """Raise CLIError for arguments that do not go with ``--concurrency`` (or ``--requests``
     without it), before anything is loaded."""
-    if not args.concurrency:
-        if args.requests is not None:
+    if not getattr(args, "concurrency", None):
+        if getattr(args, "requests", None) is not None:
             raise CLIError("--requests: only the serving benchmark (--concurrency) takes it")
         return
     for name, flag in _REFUSED:
