@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import racer_rs.engine.batch  # noqa: E402
+import racer_rs.engine.generation  # noqa: E402
 from racer_rs.bench.batch_throughput import interleaved  # noqa: E402
 from racer_rs.bench.prompts import Question  # noqa: E402
 from racer_rs.cli import main  # noqa: E402
@@ -105,7 +105,7 @@ def test_batch_bench_reports_batched_and_sequential_throughput(tiny_model, data_
 
 
 def test_a_wrong_batched_row_is_a_mismatch(tiny_model, data_file, tmp_path, capsys, monkeypatch):
-    real = racer_rs.engine.batch.generate_batch
+    real = racer_rs.engine.generation.generate_batch
 
     def wrong(*args: Any, **kwargs: Any) -> Any:
         results = real(*args, **kwargs)
@@ -113,7 +113,7 @@ def test_a_wrong_batched_row_is_a_mismatch(tiny_model, data_file, tmp_path, caps
             results[1].tokens[3] = (results[1].tokens[3] + 1) % 64
         return results
 
-    monkeypatch.setattr(racer_rs.engine.batch, "generate_batch", wrong)
+    monkeypatch.setattr(racer_rs.engine.generation, "generate_batch", wrong)
     extra = ("--batch-size", "2", "--methods", "racer", "--temperature", "0")
     argv = batch_args(tiny_model, data_file, tmp_path / "out", *extra)
     code, _, stderr, report = run(capsys, argv)
@@ -128,7 +128,7 @@ def test_a_wrong_batched_row_is_a_mismatch(tiny_model, data_file, tmp_path, caps
     ("extra", "fragment"),
     [
         (["--batch-size", "4"], "--batch-size 4 needs at least 4 questions"),
-        (["--batch-size", "2", "--methods", "tts"], "draft-model methods are not batched"),
+        (["--batch-size", "2", "--methods", "tts"], "need a draft model: pass --draft-model"),  # batched now
         (["--batch-size", "2", "--methods", "racer@0"], "capacity must be an int >= 1"),
         (["--batch-size", "0"], "must be >= 1"),
     ],
