@@ -33,8 +33,8 @@ from racer_rs.bench.precision import divergence_gap, ulp
 from racer_rs.bench.prompting import first_turn
 from racer_rs.bench.prompts import load_benchmark
 from racer_rs.bench.runner import BASELINE, Record
-from racer_rs.target.verifier import TreeVerifier
 from racer_rs.loading.models import load_model
+from racer_rs.target.verifier import TreeVerifier
 
 REPO_DATA = "data/spec_bench.jsonl"
 

@@ -15,7 +15,14 @@ and every structure below sees the very same steps, interleaved (the order rotat
   the LRU node budget, the suffix trees have none): ``extend``, and
   ``build_draft_tree`` at capacity 16 (root included, so up to 15 drafted tokens), retrieval
   only and with a copy-logit table (each token's most frequent followers, a stand-in for the
-  target's top-8 that needs no model).
+  target's top-8 that needs no model);
+- ``racer_rs.DraftPool`` holding this one request (same options, the same copy-logit rows):
+  ``extend`` and ``propose`` (capacity 16), the per-request cost of a serving engine's batch
+  calls at batch size 1.
+
+``--only NAME[,NAME]`` runs only the named calls (``none``: none), for instruction counts
+under ``valgrind --tool=callgrind``: the difference between a run with a call and one without,
+divided by the steps, is that call's instructions (``benches/callgrind_core.sh``).
 
 Every call is timed alone (``perf_counter_ns``, Python call included); extends are reported per
 token and per call, drafts per call (median and p90), with the mean drafted nodes. Run:
@@ -36,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from racer_rs import Automaton, LogitsTable, build_draft_tree
+from racer_rs import Automaton, DraftPool, LogitsTable, build_draft_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth
@@ -69,17 +76,22 @@ def synthetic_stream(tokens: int, seed: int = 0) -> np.ndarray:
     return np.concatenate(parts)[:tokens].astype(np.int32)
 
 
-def bigram_table(stream: np.ndarray, top_k: int = 8) -> LogitsTable:
+def bigram_rows(stream: np.ndarray, top_k: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Each token's ``top_k`` most frequent followers (the first repeated if fewer)."""
     followers: dict[int, Counter[int]] = defaultdict(Counter)
     for a, b in zip(stream[:-1].tolist(), stream[1:].tolist(), strict=False):
         followers[a][b] += 1
-    table = LogitsTable(int(stream.max()) + 1, top_k)
     tokens = np.fromiter(followers, dtype=np.int32)
     rows = np.zeros((len(tokens), top_k), dtype=np.int32)
     for i, t in enumerate(tokens.tolist()):
         top = [b for b, _ in followers[t].most_common(top_k)]
         rows[i] = (top + [top[0]] * top_k)[:top_k]
-    table.update(tokens, rows)
+    return tokens, rows
+
+
+def bigram_table(stream: np.ndarray, top_k: int = 8) -> LogitsTable:
+    table = LogitsTable(int(stream.max()) + 1, top_k)
+    table.update(*bigram_rows(stream, top_k))
     return table
 
 
@@ -90,6 +102,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=512, help="tokens given as the request's prompt")
     parser.add_argument("--synthetic", action="store_true", help="a synthetic repetitive stream instead of code")
     parser.add_argument("--max-nodes", type=int, default=10_000, help="Automaton node budget (RACER's default)")
+    parser.add_argument("--only", default="", help="comma-separated call names to run (none: no call)")
     args = parser.parse_args()
     print("reproduce: python " + " ".join(shlex.quote(a) for a in sys.argv), flush=True)
 
@@ -114,11 +127,18 @@ def main() -> None:
     raw.extend_ndarray(0, prompt)
     automaton = Automaton(ngram=10, capacity=args.max_nodes)
     automaton.extend(prompt)
+    pool = DraftPool(int(stream.max()) + 1, ngram=10, max_nodes=args.max_nodes, breadth=8)
+    pool.add(0, prompt)
+    pool.update_topk(0, *bigram_rows(stream))
+    only = set(args.only.split(",")) if args.only else None
+    pool_ids = [0]
 
     times: dict[str, list[int]] = defaultdict(list)
     nodes: dict[str, list[int]] = defaultdict(list)
 
     def timed(name: str, call: Any, *call_args: Any, **call_kwargs: Any) -> Any:
+        if only is not None and name not in only:
+            return None
         start = time.perf_counter_ns()
         out = call(*call_args, **call_kwargs)
         times[name].append(time.perf_counter_ns() - start)
@@ -129,6 +149,8 @@ def main() -> None:
             timed("cache.add_active_response", cache.add_active_response, 0, chunk)
 
         def cache_tree() -> None:
+            if only is not None and "cache.speculate tree" not in only:
+                return
             d = timed(
                 "cache.speculate tree",
                 cache.speculate,
@@ -142,6 +164,8 @@ def main() -> None:
             nodes["cache.speculate tree"].append(len(d.token_ids))
 
         def cache_chain() -> None:
+            if only is not None and "cache.speculate chain" not in only:
+                return
             d = timed(
                 "cache.speculate chain",
                 cache.speculate,
@@ -158,6 +182,8 @@ def main() -> None:
             timed("SuffixTree.extend_ndarray", raw.extend_ndarray, 0, chunk)
 
         def raw_tree() -> None:
+            if only is not None and "SuffixTree.speculate_ndarray tree" not in only:
+                return
             d = timed(
                 "SuffixTree.speculate_ndarray tree", raw.speculate_ndarray, pattern, SPEC_TOKENS, 1.0, 0.0, 0.1, True
             )
@@ -167,17 +193,33 @@ def main() -> None:
             timed("Automaton.extend", automaton.extend, chunk)
 
         def ours_retrieval() -> None:
+            if only is not None and "build_draft_tree retrieval" not in only:
+                return
             t = timed(
                 "build_draft_tree retrieval", build_draft_tree, automaton, table, root, SPEC_TOKENS, use_logits=False
             )
             nodes["build_draft_tree retrieval"].append(len(t) - 1)
 
         def ours_full() -> None:
+            if only is not None and "build_draft_tree retrieval+logits" not in only:
+                return
             t = timed("build_draft_tree retrieval+logits", build_draft_tree, automaton, table, root, SPEC_TOKENS)
             nodes["build_draft_tree retrieval+logits"].append(len(t) - 1)
 
+        def pool_extend() -> None:
+            timed("DraftPool.extend", pool.extend, pool_ids, [chunk])
+
+        def pool_propose() -> None:
+            if only is not None and "DraftPool.propose" not in only:
+                return
+            d = timed("DraftPool.propose", pool.propose, pool_ids, [root], SPEC_TOKENS)
+            nodes["DraftPool.propose"].append(len(d.tokens) - 1)
+
         # Extends before drafts (a draft follows its step's commit); each group rotates.
-        return [[cache_extend, raw_extend, ours_extend], [cache_tree, cache_chain, raw_tree, ours_retrieval, ours_full]]
+        return [
+            [cache_extend, raw_extend, ours_extend, pool_extend],
+            [cache_tree, cache_chain, raw_tree, ours_retrieval, ours_full, pool_propose],
+        ]
 
     step = args.step
     started = time.perf_counter()

@@ -32,6 +32,39 @@ pub fn filled<T: Clone>(arg: &'static str, what: &str, len: usize, value: T) -> 
     Ok(buffer)
 }
 
+/// The `OutOfMemory` error for a buffer of `bytes` bytes for `what`.
+pub(crate) fn out_of_memory(what: &str, bytes: usize) -> Error {
+    Error::OutOfMemory {
+        what: what.to_string(),
+        bytes,
+    }
+}
+
+/// Room for `extra` more elements in `buffer` (amortized growth, as `push` would do), or
+/// `OutOfMemory` naming `what`: the fallible form of the growth every container sized by a
+/// caller or by the number of requests goes through.
+///
+/// # Errors
+/// `OutOfMemory` when the system cannot provide the memory.
+pub fn grow<T>(buffer: &mut Vec<T>, extra: usize, what: &str) -> Result<()> {
+    buffer
+        .try_reserve(extra)
+        .map_err(|_| out_of_memory(what, extra.saturating_mul(size_of::<T>())))
+}
+
+/// Heap bytes held by a `std` hash map (SwissTable) of `capacity` (its `capacity()`, not its
+/// length) with entries of `entry` bytes: the buckets, then one control byte per bucket plus
+/// one group of 16.
+#[must_use]
+pub fn hash_map_bytes(capacity: usize, entry: usize) -> usize {
+    let buckets = match capacity {
+        0 => return 0,
+        c if c < 8 => c + 1,
+        c => c / 7 * 8,
+    };
+    buckets * (entry + 1) + 16
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,5 +76,29 @@ mod tests {
             Err(Error::InvalidArgument { .. })
         ));
         assert_eq!(filled("n", "a mask", 3, 7u8).unwrap(), vec![7, 7, 7]);
+    }
+
+    #[test]
+    fn hash_map_bytes_follow_the_bucket_count() {
+        let mut m: rustc_hash::FxHashMap<u64, u32> = rustc_hash::FxHashMap::default();
+        assert_eq!(hash_map_bytes(m.capacity(), 16), 0);
+        for n in [1, 3, 4, 7, 8, 14, 15, 100, 1000] {
+            m.insert(n as u64, 0);
+            m.reserve(n);
+            let buckets = m.capacity().next_power_of_two();
+            let bytes = hash_map_bytes(m.capacity(), 16);
+            assert!(
+                bytes >= buckets * 17 && bytes <= buckets * 17 * 2 + 16,
+                "{n}: {bytes}"
+            );
+            assert!(bytes.saturating_sub(16) % 17 == 0);
+        }
+        let mut v: Vec<u8> = Vec::new();
+        grow(&mut v, 10, "x").unwrap();
+        assert!(v.capacity() >= 10);
+        assert!(matches!(
+            grow(&mut v, usize::MAX, "x"),
+            Err(Error::OutOfMemory { .. })
+        ));
     }
 }

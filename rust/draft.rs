@@ -132,7 +132,7 @@ pub fn build_draft_tree_shared(
         .map(|_| automaton.recent_tokens())
         .unwrap_or_default();
     let next = next_token as u32;
-    let mut builder = TreeBuilder::new(next_token);
+    let mut builder = TreeBuilder::with_capacity(next_token, options.capacity);
     builder.insert_path(draft_chain, options.capacity);
     if options.scored {
         let shared_used =

@@ -142,16 +142,19 @@ pub fn priors() -> Vec<f32> {
 
 /// Default cells of a tree that no drafter classified: a chain gets chain cells by depth,
 /// any other tree copy-logit rank cells by each node's index among its siblings.
-#[must_use]
-pub fn structural(parents: &[i32], depths: &[i32]) -> Vec<i32> {
+///
+/// # Errors
+/// `OutOfMemory` if the system cannot provide the cells (a caller's tree is sized by its input).
+pub fn structural(parents: &[i32], depths: &[i32]) -> crate::error::Result<Vec<i32>> {
     let n = parents.len();
     let is_chain = parents
         .iter()
         .enumerate()
         .skip(1)
         .all(|(i, &p)| p + 1 == cell(i));
-    let mut cells = vec![NO_CELL; n];
-    let mut seen_children = vec![0usize; n];
+    let what = format!("the edge cells of a tree of {n} nodes");
+    let mut cells = crate::alloc::filled("parents", &what, n, NO_CELL)?;
+    let mut seen_children = crate::alloc::filled("parents", &what, n, 0usize)?;
     for i in 1..n {
         #[allow(clippy::cast_sign_loss)]
         let (p, d) = (parents[i] as usize, depths[i] as usize);
@@ -162,7 +165,7 @@ pub fn structural(parents: &[i32], depths: &[i32]) -> Vec<i32> {
         };
         seen_children[p] += 1;
     }
-    cells
+    Ok(cells)
 }
 
 #[cfg(test)]
@@ -219,10 +222,10 @@ mod tests {
     #[test]
     fn structural_cells_tell_chains_from_trees() {
         assert_eq!(
-            structural(&[-1, 0, 1], &[0, 1, 2]),
+            structural(&[-1, 0, 1], &[0, 1, 2]).unwrap(),
             vec![NO_CELL, chain(1), chain(2)]
         );
-        let tree = structural(&[-1, 0, 0, 1], &[0, 1, 1, 2]);
+        let tree = structural(&[-1, 0, 0, 1], &[0, 1, 1, 2]).unwrap();
         assert_eq!(
             tree,
             vec![NO_CELL, logits(0, None), logits(1, None), logits(0, None)]

@@ -4,6 +4,9 @@
 
 use std::collections::VecDeque;
 
+use rustc_hash::FxHashMap;
+
+use crate::alloc::{grow, hash_map_bytes, out_of_memory};
 use crate::edge_cells;
 use crate::error::{Result, invalid};
 use crate::tree::{DraftTree, TreeBuilder, check_budget};
@@ -11,18 +14,20 @@ use crate::tree::{DraftTree, TreeBuilder, check_budget};
 /// Largest table accepted (1 GiB of ids), so absurd sizes fail cleanly instead of aborting.
 const MAX_CELLS: usize = 1 << 28;
 
-/// A `vocab_size x top_k` table of token ids with a "written" bit per row.
+/// A sparse `vocab_size x top_k` table of token ids: only the rows written are stored, packed
+/// in the order they were first written, so memory follows the rows held, not the vocabulary.
 #[derive(Debug, Clone)]
 pub struct LogitsTable {
     vocab_size: usize,
     top_k: usize,
+    /// Token -> its row's slot in the packed arrays.
+    slots: FxHashMap<u32, u32>,
+    /// `top_k` ids per slot.
     ids: Vec<i32>,
     /// Probability of each stored id under the target (a rank prior when none was given).
     probs: Vec<f32>,
-    written: Vec<bool>,
-    /// Whether a row's probabilities were given (rather than the rank prior).
+    /// Whether a slot's probabilities were given (rather than the rank prior).
     measured: Vec<bool>,
-    rows_written: usize,
 }
 
 fn check_token(vocab_size: usize, arg: &'static str, t: i32) -> Result<usize> {
@@ -46,16 +51,14 @@ impl LogitsTable {
     /// # Errors
     /// `InvalidArgument` if `vocab_size` or `top_k` is below 1 or absurdly large.
     pub fn new(vocab_size: usize, top_k: usize) -> Result<Self> {
-        let cells = Self::check_shape(vocab_size, top_k)?;
-        let what = format!("a copy-logit table of {vocab_size} rows x {top_k}");
+        Self::check_shape(vocab_size, top_k)?;
         Ok(Self {
             vocab_size,
             top_k,
-            ids: crate::alloc::filled("vocab_size", &what, cells, 0)?,
-            probs: crate::alloc::filled("vocab_size", &what, cells, 0.0)?,
-            written: crate::alloc::filled("vocab_size", &what, vocab_size, false)?,
-            measured: crate::alloc::filled("vocab_size", &what, vocab_size, false)?,
-            rows_written: 0,
+            slots: FxHashMap::default(),
+            ids: Vec::new(),
+            probs: Vec::new(),
+            measured: Vec::new(),
         })
     }
 
@@ -105,13 +108,35 @@ impl LogitsTable {
     /// Rows written at least once.
     #[must_use]
     pub fn rows_written(&self) -> usize {
-        self.rows_written
+        self.slots.len()
     }
 
-    /// Approximate heap memory in bytes.
+    /// Heap memory held, in bytes (the containers' capacities): about `top_k * 8 + 13` bytes
+    /// per row written, nothing for the rows never written.
     #[must_use]
     pub fn memory_bytes(&self) -> usize {
-        self.ids.len() * 8 + self.written.len() + self.measured.len()
+        hash_map_bytes(self.slots.capacity(), size_of::<(u32, u32)>())
+            + self.ids.capacity() * size_of::<i32>()
+            + self.probs.capacity() * size_of::<f32>()
+            + self.measured.capacity()
+    }
+
+    /// The slot of `token`'s row, if it was written (and is in range).
+    fn slot(&self, token: i32) -> Option<usize> {
+        let t = u32::try_from(token).ok()?;
+        self.slots.get(&t).map(|&s| s as usize)
+    }
+
+    /// Room for `rows` more rows, so an update that starts cannot fail halfway.
+    fn reserve_rows(&mut self, rows: usize) -> Result<()> {
+        let what = "the copy-logit table's rows";
+        let cells = rows.saturating_mul(self.top_k);
+        grow(&mut self.ids, cells, what)?;
+        grow(&mut self.probs, cells, what)?;
+        grow(&mut self.measured, rows, what)?;
+        self.slots
+            .try_reserve(rows)
+            .map_err(|_| out_of_memory(what, rows * size_of::<(u32, u32)>()))
     }
 
     fn check_token(&self, arg: &'static str, t: i32) -> Result<usize> {
@@ -142,10 +167,21 @@ impl LogitsTable {
         topk_probs: Option<&[f32]>,
     ) -> Result<()> {
         Self::check_update(self.vocab_size, self.top_k, tokens, topk_ids, k, topk_probs)?;
+        let new_rows = tokens
+            .iter()
+            .filter(|&&t| !self.slots.contains_key(&(t as u32)))
+            .count();
+        self.reserve_rows(new_rows)?;
         for (i, &t) in tokens.iter().enumerate() {
-            let row = t as usize;
-            self.ids[row * k..(row + 1) * k].copy_from_slice(&topk_ids[i * k..(i + 1) * k]);
-            let cells = &mut self.probs[row * k..(row + 1) * k];
+            let next = self.measured.len();
+            let slot = *self.slots.entry(t as u32).or_insert(next as u32) as usize;
+            if slot == next {
+                self.ids.resize(self.ids.len() + k, 0);
+                self.probs.resize(self.probs.len() + k, 0.0);
+                self.measured.push(false);
+            }
+            self.ids[slot * k..(slot + 1) * k].copy_from_slice(&topk_ids[i * k..(i + 1) * k]);
+            let cells = &mut self.probs[slot * k..(slot + 1) * k];
             match topk_probs {
                 Some(probs) => cells.copy_from_slice(&probs[i * k..(i + 1) * k]),
                 None => cells
@@ -153,11 +189,7 @@ impl LogitsTable {
                     .enumerate()
                     .for_each(|(j, p)| *p = rank_prior(j)),
             }
-            self.measured[row] = topk_probs.is_some();
-            if !self.written[row] {
-                self.written[row] = true;
-                self.rows_written += 1;
-            }
+            self.measured[slot] = topk_probs.is_some();
         }
         Ok(())
     }
@@ -214,36 +246,44 @@ impl LogitsTable {
     /// The stored ids of `token`, or `None` if its row was never written (or it is out of range).
     #[must_use]
     pub fn row(&self, token: i32) -> Option<&[i32]> {
-        let t = usize::try_from(token)
-            .ok()
-            .filter(|&t| t < self.vocab_size)?;
-        self.written[t].then(|| &self.ids[t * self.top_k..(t + 1) * self.top_k])
+        let s = self.slot(token)?;
+        Some(&self.ids[s * self.top_k..(s + 1) * self.top_k])
     }
 
     /// The stored probabilities of `token`'s ids, or `None` if its row was never written.
     #[must_use]
     pub fn row_probs(&self, token: i32) -> Option<&[f32]> {
-        let t = usize::try_from(token)
-            .ok()
-            .filter(|&t| t < self.vocab_size)?;
-        self.written[t].then(|| &self.probs[t * self.top_k..(t + 1) * self.top_k])
+        let s = self.slot(token)?;
+        Some(&self.probs[s * self.top_k..(s + 1) * self.top_k])
     }
 
     /// The probabilities given for `token`'s ids, or `None` if its row was never written or was
     /// written without probabilities.
     #[must_use]
     pub fn measured_probs(&self, token: i32) -> Option<&[f32]> {
-        let t = usize::try_from(token)
-            .ok()
-            .filter(|&t| t < self.vocab_size)?;
-        (self.written[t] && self.measured[t])
-            .then(|| &self.probs[t * self.top_k..(t + 1) * self.top_k])
+        let s = self.slot(token)?;
+        self.measured[s].then(|| &self.probs[s * self.top_k..(s + 1) * self.top_k])
     }
 
-    /// Forget every row.
+    /// The stored ids and probabilities of `token`'s row and whether the probabilities were
+    /// given (one lookup for what `row`, `row_probs` and `measured_probs` answer).
+    #[must_use]
+    pub fn row_entry(&self, token: i32) -> Option<(&[i32], &[f32], bool)> {
+        let s = self.slot(token)?;
+        let cells = s * self.top_k..(s + 1) * self.top_k;
+        Some((
+            &self.ids[cells.clone()],
+            &self.probs[cells],
+            self.measured[s],
+        ))
+    }
+
+    /// Forget every row, releasing their memory.
     pub fn clear(&mut self) {
-        self.written.fill(false);
-        self.rows_written = 0;
+        self.slots = FxHashMap::default();
+        self.ids = Vec::new();
+        self.probs = Vec::new();
+        self.measured = Vec::new();
     }
 
     /// The breadth-halving logits tree of at most `budget` nodes rooted at `root`.
@@ -393,6 +433,26 @@ mod tests {
     fn unseen_rows_have_no_children() {
         let t = LogitsTable::new(10, 4).unwrap();
         assert_eq!(t.expand(3, 64, 1).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn memory_follows_the_rows_written() {
+        let mut t = LogitsTable::new(152_000, 8).unwrap();
+        assert_eq!(t.memory_bytes(), 0);
+        let tokens: Vec<i32> = (0..1000).map(|i| i * 151).collect();
+        let ids: Vec<i32> = (0..8000).collect();
+        t.update(&tokens, &ids, 8).unwrap();
+        t.update(&tokens[..10], &ids[..80], 8).unwrap(); // rewrites cost nothing more
+        assert_eq!(t.rows_written(), 1000);
+        let bytes = t.memory_bytes();
+        assert!(
+            (1000 * (8 * 8 + 9)..4 * 1000 * (8 * 8 + 9)).contains(&bytes),
+            "{bytes}"
+        );
+        assert_eq!(t.row(151 * 7).unwrap(), &ids[56..64]);
+        assert!(t.row(1).is_none() && t.row(-1).is_none() && t.row(1 << 30).is_none());
+        t.clear();
+        assert_eq!((t.rows_written(), t.memory_bytes()), (0, 0));
     }
 
     #[test]

@@ -31,7 +31,11 @@ pub fn prompt_lookup(
         // Latest start i < len - n whose n-gram equals the suffix.
         if let Some(i) = (0..len - n).rev().find(|&i| &context[i..i + n] == suffix) {
             let start = i + n;
-            return Ok(context[start..start.saturating_add(num_pred).min(len)].to_vec());
+            let found = &context[start..start.saturating_add(num_pred).min(len)];
+            // As long as the caller's context at most: a fallible allocation.
+            let mut out = crate::alloc::filled("num_pred", "the looked-up tokens", found.len(), 0)?;
+            out.copy_from_slice(found);
+            return Ok(out);
         }
     }
     Ok(Vec::new())

@@ -384,6 +384,9 @@ impl DraftPool {
         if requests.map.contains_key(&id) {
             return Err(already()); // added by another thread meanwhile
         }
+        requests.map.try_reserve(1).map_err(|_| {
+            crate::alloc::out_of_memory("the pool's request map", size_of::<Entry>())
+        })?;
         let order = requests.next;
         requests.next += 1;
         requests.order.insert(order, id.clone());

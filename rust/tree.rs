@@ -5,7 +5,7 @@
 use rustc_hash::FxHashSet;
 
 use crate::edge_cells;
-use crate::error::{Result, invalid};
+use crate::error::{Error, Result, invalid};
 
 const NIL: u32 = u32::MAX;
 /// Largest draft tree built (a breadth-1 logits chain would otherwise grow without end).
@@ -43,8 +43,9 @@ impl DraftTree {
     /// Validate flat arrays and build a tree from them.
     ///
     /// # Errors
-    /// `InvalidArgument` if the arrays are empty or of different lengths, a token is negative,
-    /// the parents are not in BFS order, or two siblings carry the same token.
+    /// `InvalidArgument` if the arrays are empty, of different lengths or longer than
+    /// [`MAX_TREE_NODES`], a token is negative, the parents are not in BFS order, or two
+    /// siblings carry the same token; `OutOfMemory` if the tree's buffers cannot be had.
     pub fn from_parents(tokens: Vec<i32>, parents: Vec<i32>) -> Result<Self> {
         if tokens.is_empty() {
             return Err(invalid("tokens", "a draft tree needs at least the root"));
@@ -55,6 +56,15 @@ impl DraftTree {
                 format!(
                     "length {} differs from tokens length {}",
                     parents.len(),
+                    tokens.len()
+                ),
+            ));
+        }
+        if tokens.len() > MAX_TREE_NODES {
+            return Err(invalid(
+                "tokens",
+                format!(
+                    "a draft tree has at most {MAX_TREE_NODES} nodes, got {}",
                     tokens.len()
                 ),
             ));
@@ -71,8 +81,16 @@ impl DraftTree {
                 format!("parents[0] must be -1 (the root), got {}", parents[0]),
             ));
         }
-        let mut depths = vec![0i32; tokens.len()];
+        // Every buffer sized by the caller's tree is a fallible allocation (`OutOfMemory`, never
+        // an abort).
+        let n = tokens.len();
+        let what = format!("a draft tree of {n} nodes");
+        let mut depths = crate::alloc::filled("tokens", &what, n, 0i32)?;
         let mut seen = FxHashSet::default();
+        seen.try_reserve(n).map_err(|_| Error::OutOfMemory {
+            what: what.clone(),
+            bytes: n.saturating_mul(16),
+        })?;
         for i in 1..tokens.len() {
             let p = parents[i];
             if p < 0 || p as usize >= i {
@@ -95,8 +113,17 @@ impl DraftTree {
                 ));
             }
         }
-        let cells = edge_cells::structural(&parents, &depths);
-        Ok(Self::from_valid(tokens, parents, depths, cells))
+        let cells = edge_cells::structural(&parents, &depths)?;
+        let child_start = crate::alloc::filled("tokens", &what, n + 1, 0u32)?;
+        let children = crate::alloc::filled("tokens", &what, n - 1, 0u32)?;
+        Ok(Self::from_valid(
+            tokens,
+            parents,
+            depths,
+            cells,
+            child_start,
+            children,
+        ))
     }
 
     /// [`DraftTree::from_parents`] with the edge cells given (`NO_CELL` at the root).
@@ -136,27 +163,38 @@ impl DraftTree {
     /// A chain: `tokens[0]` is the root and every next token is the child of the previous one.
     ///
     /// # Errors
-    /// `InvalidArgument` if `tokens` is empty or holds a negative id.
+    /// `InvalidArgument` if `tokens` is empty, longer than [`MAX_TREE_NODES`] or holds a negative id.
     pub fn chain(tokens: &[i32]) -> Result<Self> {
+        check_budget("tokens", tokens.len().max(1))?;
         let parents = (0..tokens.len() as i32).map(|i| i - 1).collect();
         Self::from_parents(tokens.to_vec(), parents)
     }
 
-    fn from_valid(tokens: Vec<i32>, parents: Vec<i32>, depths: Vec<i32>, cells: Vec<i32>) -> Self {
+    /// A tree from checked arrays; `child_start` (`n + 1` zeros) and `children` (`n - 1`) are
+    /// the caller's buffers, so that `from_parents` can allocate them fallibly.
+    fn from_valid(
+        tokens: Vec<i32>,
+        parents: Vec<i32>,
+        depths: Vec<i32>,
+        cells: Vec<i32>,
+        mut child_start: Vec<u32>,
+        mut children: Vec<u32>,
+    ) -> Self {
         let n = tokens.len();
-        let mut child_start = vec![0u32; n + 1];
         for &p in &parents[1..] {
             child_start[p as usize + 1] += 1;
         }
         for i in 0..n {
             child_start[i + 1] += child_start[i];
         }
-        let mut fill = child_start.clone();
-        let mut children = vec![0u32; n.saturating_sub(1)];
+        // `child_start[p]` serves as `p`'s write cursor (no second buffer); afterwards each
+        // entry holds the next node's start, so shift them back by one.
         for (i, &p) in parents.iter().enumerate().skip(1) {
-            children[fill[p as usize] as usize] = i as u32;
-            fill[p as usize] += 1;
+            children[child_start[p as usize] as usize] = i as u32;
+            child_start[p as usize] += 1;
         }
+        child_start.copy_within(0..n, 1);
+        child_start[0] = 0;
         Self {
             tokens,
             parents,
@@ -298,63 +336,79 @@ impl DraftTree {
 /// `len()` is the number of distinct nodes (root included) and budgets are charged after merging.
 #[derive(Debug, Clone)]
 pub struct TreeBuilder {
-    tokens: Vec<i32>,
-    parents: Vec<u32>,
-    depths: Vec<u32>,
-    cells: Vec<i32>,
-    first_child: Vec<u32>,
-    last_child: Vec<u32>,
-    next_sibling: Vec<u32>,
+    /// One record per node (a single allocation per build, not one per field).
+    nodes: Vec<BuilderNode>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct BuilderNode {
+    token: i32,
+    parent: u32,
+    depth: u32,
+    cell: i32,
+    first_child: u32,
+    last_child: u32,
+    next_sibling: u32,
 }
 
 impl TreeBuilder {
     /// A builder holding only the root.
     #[must_use]
     pub fn new(root: i32) -> Self {
-        Self {
-            tokens: vec![root],
-            parents: vec![NIL],
-            depths: vec![0],
-            cells: vec![edge_cells::NO_CELL],
-            first_child: vec![NIL],
-            last_child: vec![NIL],
-            next_sibling: vec![NIL],
-        }
+        Self::with_capacity(root, 1)
+    }
+
+    /// A builder holding only the root, with room for `nodes` nodes (capped at 4096: a hint,
+    /// not a limit).
+    #[must_use]
+    pub fn with_capacity(root: i32, nodes: usize) -> Self {
+        let mut all = Vec::with_capacity(nodes.clamp(1, 4096));
+        all.push(BuilderNode {
+            token: root,
+            parent: NIL,
+            depth: 0,
+            cell: edge_cells::NO_CELL,
+            first_child: NIL,
+            last_child: NIL,
+            next_sibling: NIL,
+        });
+        Self { nodes: all }
     }
 
     /// Distinct nodes, root included.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.tokens.len()
+        self.nodes.len()
     }
 
     /// Always false: the builder holds at least the root.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
+        self.nodes.is_empty()
     }
 
     /// Token of node `u`.
     #[must_use]
     pub fn token(&self, u: u32) -> i32 {
-        self.tokens[u as usize]
+        self.nodes[u as usize].token
     }
 
     /// Depth of node `u`.
     #[must_use]
     pub fn depth(&self, u: u32) -> u32 {
-        self.depths[u as usize]
+        self.nodes[u as usize].depth
     }
 
     /// The child of `parent` labelled `token`, if any.
     #[must_use]
     pub fn find_child(&self, parent: u32, token: i32) -> Option<u32> {
-        let mut c = self.first_child[parent as usize];
+        let mut c = self.nodes[parent as usize].first_child;
         while c != NIL {
-            if self.tokens[c as usize] == token {
+            let n = &self.nodes[c as usize];
+            if n.token == token {
                 return Some(c);
             }
-            c = self.next_sibling[c as usize];
+            c = n.next_sibling;
         }
         None
     }
@@ -375,21 +429,24 @@ impl TreeBuilder {
         if self.len() >= budget {
             return None;
         }
-        let c = self.tokens.len() as u32;
-        self.tokens.push(token);
-        self.parents.push(parent);
-        self.depths.push(self.depths[parent as usize] + 1);
-        self.cells.push(cell);
-        self.first_child.push(NIL);
-        self.last_child.push(NIL);
-        self.next_sibling.push(NIL);
-        let last = self.last_child[parent as usize];
+        let c = self.nodes.len() as u32;
+        let p = &mut self.nodes[parent as usize];
+        let (depth, last) = (p.depth + 1, p.last_child);
+        p.last_child = c;
         if last == NIL {
-            self.first_child[parent as usize] = c;
+            p.first_child = c;
         } else {
-            self.next_sibling[last as usize] = c;
+            self.nodes[last as usize].next_sibling = c;
         }
-        self.last_child[parent as usize] = c;
+        self.nodes.push(BuilderNode {
+            token,
+            parent,
+            depth,
+            cell,
+            first_child: NIL,
+            last_child: NIL,
+            next_sibling: NIL,
+        });
         Some((c, true))
     }
 
@@ -409,34 +466,43 @@ impl TreeBuilder {
     #[must_use]
     pub fn finish(&self) -> DraftTree {
         let n = self.len();
+        // BFS order puts each node's children side by side, so the CSR adjacency comes for free.
         let mut order = Vec::with_capacity(n);
         let mut new_index = vec![0i32; n];
+        let mut child_start = Vec::with_capacity(n + 1);
         order.push(0u32);
         let mut head = 0;
         while head < order.len() {
             let u = order[head];
             new_index[u as usize] = head as i32;
             head += 1;
-            let mut c = self.first_child[u as usize];
+            child_start.push(order.len() as u32 - 1); // `children[k]` is node `k + 1`
+            let mut c = self.nodes[u as usize].first_child;
             while c != NIL {
                 order.push(c);
-                c = self.next_sibling[c as usize];
+                c = self.nodes[c as usize].next_sibling;
             }
         }
-        let tokens = order.iter().map(|&u| self.tokens[u as usize]).collect();
+        child_start.push(n as u32 - 1);
+        let node = |u: u32| &self.nodes[u as usize];
+        let tokens = order.iter().map(|&u| node(u).token).collect();
         let parents = order
             .iter()
-            .map(|&u| {
-                let p = self.parents[u as usize];
-                if p == NIL { -1 } else { new_index[p as usize] }
+            .map(|&u| match node(u).parent {
+                NIL => -1,
+                p => new_index[p as usize],
             })
             .collect();
-        let depths = order
-            .iter()
-            .map(|&u| self.depths[u as usize] as i32)
-            .collect();
-        let cells = order.iter().map(|&u| self.cells[u as usize]).collect();
-        DraftTree::from_valid(tokens, parents, depths, cells)
+        let depths = order.iter().map(|&u| node(u).depth as i32).collect();
+        let cells = order.iter().map(|&u| node(u).cell).collect();
+        DraftTree {
+            tokens,
+            parents,
+            depths,
+            cells,
+            child_start,
+            children: (1..n as u32).collect(),
+        }
     }
 }
 
@@ -455,6 +521,31 @@ mod tests {
         assert_eq!(t.tokens(), &[7, 1, 5, 2, 3, 4]);
         assert_eq!(t.parents(), &[-1, 0, 0, 1, 3, 3]);
         assert_eq!(t.depths(), &[0, 1, 1, 2, 3, 3]);
+    }
+
+    #[test]
+    fn finish_equals_the_tree_rebuilt_from_its_arrays() {
+        let mut seed = 11u64;
+        for _ in 0..200 {
+            let mut b = TreeBuilder::with_capacity(0, 4);
+            for _ in 0..12 {
+                let path: Vec<i32> = (0..4)
+                    .map(|_| {
+                        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                        (seed >> 61) as i32
+                    })
+                    .collect();
+                b.insert_path(&path, 30);
+            }
+            let t = b.finish();
+            let rebuilt = DraftTree::with_cells(
+                t.tokens().to_vec(),
+                t.parents().to_vec(),
+                t.cells().to_vec(),
+            )
+            .unwrap();
+            assert_eq!(t, rebuilt);
+        }
     }
 
     #[test]

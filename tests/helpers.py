@@ -338,3 +338,62 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> LlamaForCausalLM:
     writer.write_tensors_to_file()
     writer.close()
     return model
+
+
+# --- the decode engine, driven by hand ---------------------------------------------------------
+
+
+def one_row_engine(
+    model: PreTrainedModel,
+    drafter: Any,
+    sampling: SamplingConfig,
+    *,
+    capacity: int = 16,
+    eos: tuple[int, ...] = (),
+    engine_class: Any = None,
+    verifier: Any = None,
+) -> tuple[Any, list[Any]]:
+    """A :class:`racer_rs.engine.decode_engine.DecodeEngine` for one row with a fixed capacity
+    (``engine_class``: a subclass under test; ``verifier``: a BatchVerifier of the test's), and the
+    list its finished rows' states are appended to."""
+    import time
+
+    from racer_rs.engine.capacity import FixedCapacity
+    from racer_rs.engine.decode_engine import DecodeEngine
+    from racer_rs.engine.drafting import RowDrafting
+    from racer_rs.target.batch_verifier import BatchVerifier
+
+    finished: list[Any] = []
+    engine = (engine_class or DecodeEngine)(
+        verifier if verifier is not None else BatchVerifier(model),
+        RowDrafting(lambda: drafter, 1, drafter),
+        sampling,
+        FixedCapacity(capacity),
+        eos,
+        1,
+        time.perf_counter(),
+        finished.append,
+        False,
+    )
+    return engine, finished
+
+
+def run_engine(
+    model: PreTrainedModel,
+    drafter: Any,
+    sampling: SamplingConfig,
+    prompt: list[int] | np.ndarray,
+    max_new_tokens: int,
+    *,
+    seed: int | None = None,
+    capacity: int = 16,
+    eos: tuple[int, ...] = (),
+    engine_class: Any = None,
+) -> Any:
+    """Decode one request with ``drafter`` through the engine (``engine_class``: a subclass under
+    test); its finished :class:`racer_rs.engine.decode_engine.DecodeState`."""
+    from racer_rs.engine.decode_engine import Request
+
+    engine, finished = one_row_engine(model, drafter, sampling, capacity=capacity, eos=eos, engine_class=engine_class)
+    engine.run([Request(0, np.asarray(prompt, dtype=np.int32), max_new_tokens, seed)])
+    return finished[0]

@@ -166,7 +166,10 @@ class Automaton:
             TypeError: if ``context`` is not a sequence of ints or an integer array.
         """
 
-    def memory_bytes(self) -> int: ...
+    def memory_bytes(self) -> int:
+        """Heap memory held, in bytes: the capacity of every container, which grows with the
+        nodes held (nothing is reserved for ``max_nodes`` up front)."""
+
     def check_integrity(self) -> None:
         """Raise ``StateError`` (a ``RuntimeError``) if an internal invariant is broken (slow; for tests)."""
 
@@ -243,7 +246,11 @@ class Automaton:
 
 @final
 class LogitsTable:
-    """The copy-logit table: per token id, the target's top-k next tokens at its latest occurrence."""
+    """The copy-logit table: per token id, the target's top-k next tokens at its latest occurrence.
+
+    Sparse: only the rows written are stored, so memory follows the rows held, never
+    ``vocab_size * top_k``.
+    """
 
     def __new__(cls, vocab_size: int, top_k: int = 8) -> LogitsTable: ...
     @property
@@ -266,10 +273,21 @@ class LogitsTable:
         assumed to have probability ``2 ** -(j + 1)``.
         """
 
-    def row(self, token: int) -> npt.NDArray[np.int32] | None: ...
-    def row_probs(self, token: int) -> npt.NDArray[np.float32] | None: ...
-    def clear(self) -> None: ...
-    def memory_bytes(self) -> int: ...
+    def row(self, token: int) -> npt.NDArray[np.int32] | None:
+        """Row ``token``'s ids, or ``None`` if it was never written.
+
+        Raises:
+            InvalidArgumentError: ``token`` is not in ``[0, vocab_size)``.
+        """
+
+    def row_probs(self, token: int) -> npt.NDArray[np.float32] | None:
+        """Row ``token``'s probabilities, or ``None`` if it was never written (as :meth:`row`)."""
+    def clear(self) -> None:
+        """Forget every row, releasing their memory."""
+
+    def memory_bytes(self) -> int:
+        """Heap memory held, in bytes (the containers' capacities, not a length-based guess)."""
+
     def expand(self, root: int, budget: int, exempt_depth: int = 1) -> DraftTree:
         """Breadth-halving logits tree of at most ``budget`` nodes rooted at ``root``."""
 
@@ -453,10 +471,11 @@ class DraftPool:
         """The request ids, in insertion order (a removed and re-added id goes last)."""
 
     def memory_bytes(self) -> int:
-        """Approximate heap memory in bytes: every request's automaton and copy-logit table
-        (as their own ``memory_bytes`` count them: the table is ``vocab_size * breadth * 8``
-        bytes, the automaton grows to about 110 bytes per node up to ``max_nodes``), plus the
-        pool's bookkeeping."""
+        """Heap memory held, in bytes: every request's automaton and copy-logit table (as
+        their own ``memory_bytes`` count them: both grow with what they store, about
+        ``breadth * 8 + 13`` bytes per copy-logit row written and 100-250 bytes per automaton
+        node up to ``max_nodes``; an empty request holds well under 16 KB), plus the pool's
+        bookkeeping."""
 
     def clear(self) -> None:
         """Remove every request."""

@@ -9,6 +9,7 @@ before any narrowing to ``int32``, so ``2**32 + 5`` is an error, never token 5.
 
 from __future__ import annotations
 
+import array
 import math
 import numbers
 from collections.abc import Sequence
@@ -146,8 +147,30 @@ def token_ids(name: str, value: Any, vocab: int | None = None, *, rows: bool = F
     return array.astype(np.int32)
 
 
+def id_array(name: str, value: Any) -> np.ndarray:
+    """Ids as given, as a 1-D ``int64`` array: the type rule of :func:`token_ids` (ints only,
+    never a bool or a float) without its range, for callers that handle an out-of-range id
+    themselves (the serving integrations draft nothing for a request holding one)."""
+    if isinstance(value, (list, tuple)) and not all(map(is_int, value)):
+        raise InvalidTypeError(f"{name} must be a list of ints")
+    array = _integer_array(name, value)
+    if array.ndim != 1:
+        raise InvalidArgumentError(f"{name} must have shape [L], got {list(array.shape)}")
+    if array.dtype == np.uint64 and array.size and int(array.max()) > np.iinfo(np.int64).max:
+        raise InvalidArgumentError(f"{name} must be ids within int64, got {int(array.max())}")
+    return array.astype(np.int64, copy=False)
+
+
+#: ``array.array`` type codes of integers (SGLang keeps token ids in ``array.array('l')``).
+_INTEGER_TYPECODES = frozenset("bBhHiIlLqQ")
+
+
 def _integer_array(name: str, value: Any) -> np.ndarray:
     """``value`` as an integer numpy array, without any narrowing yet."""
+    if isinstance(value, array.array):
+        if value.typecode not in _INTEGER_TYPECODES:
+            raise InvalidTypeError(f"{name} must hold integers, got array.array of type code {value.typecode!r}")
+        return np.asarray(value)
     if isinstance(value, np.ndarray):
         if value.dtype == np.bool_ or not np.issubdtype(value.dtype, np.integer):
             raise InvalidTypeError(f"{name} must hold integers, got dtype {value.dtype}")

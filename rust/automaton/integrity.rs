@@ -143,10 +143,10 @@ impl Automaton {
                 ));
             }
         }
-        let entries: FxHashSet<(u64, u32, u32)> = self.lru.iter().map(|e| e.0).collect();
+        let entries: FxHashSet<(u64, u32)> = self.lru.iter().collect();
         for &v in &alive {
             let n = &self.nodes[v as usize];
-            if self.is_evictable(v) && !entries.contains(&(n.tick, v, n.generation)) {
+            if self.is_evictable(v) && !self.lru_lost && !entries.contains(&(n.tick, v)) {
                 return fail(format!("evictable node {v} is missing from the LRU heap"));
             }
         }

@@ -17,20 +17,23 @@
 #![forbid(unsafe_code)]
 
 mod integrity;
+mod lru;
 mod persist;
 mod retrieve;
 
 pub use persist::{FORMAT_VERSION, MAGIC, write_atomic};
 #[cfg(test)]
 pub(crate) use retrieve::PRUNE;
+use retrieve::Scratch;
 pub(crate) use retrieve::push_best;
 pub use retrieve::{Recency, Source};
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
+use self::lru::LruQueue;
+use crate::alloc::{grow, hash_map_bytes, out_of_memory};
 use crate::error::{Error, Result, invalid};
 
 const NIL: u32 = u32::MAX;
@@ -80,9 +83,6 @@ impl Node {
     }
 }
 
-/// An LRU entry: an evictable node as of `tick`. Stale entries are skipped when popped.
-type LruEntry = Reverse<(u64, u32, u32)>;
-
 /// Aho-Corasick automaton over token ids with a hard node budget.
 #[derive(Debug, Clone)]
 pub struct Automaton {
@@ -95,7 +95,7 @@ pub struct Automaton {
     free: Vec<u32>,
     live: usize,
     /// Min-heap of evictable nodes by last use (lazy deletion).
-    lru: BinaryHeap<LruEntry>,
+    lru: LruQueue,
     tick: u64,
     state: u32,
     state_generation: u32,
@@ -107,6 +107,11 @@ pub struct Automaton {
     /// is then ignored.
     epoch: u32,
     chain: Vec<u32>,
+    /// An LRU entry was dropped because the heap could not grow (out of memory): the heap is
+    /// rebuilt before an eviction finds no victim.
+    lru_lost: bool,
+    /// Buffers of the request's own retrieval builds.
+    scratch: Scratch,
 }
 
 fn key(parent: u32, token: u32) -> u64 {
@@ -156,8 +161,19 @@ impl Automaton {
     /// of one window (`ngram * (ngram + 1) / 2`), or `min_depth` is outside `1..=ngram`.
     pub fn new(ngram: usize, capacity: usize, min_depth: usize) -> Result<Self> {
         Self::check_options(ngram, capacity, min_depth)?;
-        let mut nodes = Vec::with_capacity((capacity + 1).min(1 << 16));
+        // Nothing is reserved for the node budget: every container grows with what it holds,
+        // fallibly (`reserve_step`), so an empty automaton costs a few hundred bytes.
+        let what = "an automaton";
+        let mut nodes = Vec::new();
+        grow(&mut nodes, 1, what)?;
         nodes.push(Node::root());
+        let mut recent = VecDeque::new();
+        recent
+            .try_reserve_exact(ngram)
+            .map_err(|_| out_of_memory(what, 4 * ngram))?;
+        let (mut pinned, mut chain) = (Vec::new(), Vec::new());
+        grow(&mut pinned, 2 * ngram + 2, what)?;
+        grow(&mut chain, ngram + 1, what)?;
         Ok(Self {
             ngram,
             capacity,
@@ -166,14 +182,16 @@ impl Automaton {
             goto: FxHashMap::default(),
             free: Vec::new(),
             live: 0,
-            lru: BinaryHeap::new(),
+            lru: LruQueue::default(),
             tick: 0,
             state: ROOT,
             state_generation: 0,
-            recent: VecDeque::with_capacity(ngram + 1),
-            pinned: Vec::with_capacity(2 * ngram + 2),
-            chain: Vec::with_capacity(ngram + 1),
+            recent,
+            pinned,
+            chain,
             epoch: 0,
+            lru_lost: false,
+            scratch: Scratch::default(),
         })
     }
 
@@ -213,14 +231,19 @@ impl Automaton {
         self.nodes[self.state as usize].depth as usize
     }
 
-    /// Approximate heap memory in bytes.
+    /// Heap memory held, in bytes: the capacity of every container (what was allocated, not
+    /// only what is in use).
     #[must_use]
     pub fn memory_bytes(&self) -> usize {
         self.nodes.capacity() * size_of::<Node>()
-            + self.goto.capacity() * (size_of::<(u64, u32)>() + 1)
-            + self.lru.capacity() * size_of::<LruEntry>()
-            + self.free.capacity() * 4
-            + self.recent.capacity() * 4
+            + hash_map_bytes(self.goto.capacity(), size_of::<(u64, u32)>())
+            + self.lru.memory_bytes()
+            + self.scratch.memory_bytes()
+            + (self.free.capacity()
+                + self.recent.capacity()
+                + self.pinned.capacity()
+                + self.chain.capacity())
+                * size_of::<u32>()
     }
 
     /// Append tokens to the context. Every substring of length `1..=ngram` that ends at a new
@@ -241,8 +264,23 @@ impl Automaton {
         Ok(())
     }
 
+    /// Room for everything one `extend_one` step can add (a node, a map entry and a free slot
+    /// per chain node), so a step that starts cannot fail halfway (the LRU queue drops an entry
+    /// it has no memory for and is rebuilt later, see `push_if_evictable`).
+    fn reserve_step(&mut self, steps: usize) -> Result<()> {
+        let what = "the automaton's nodes";
+        if self.free.len() < steps {
+            grow(&mut self.nodes, steps, what)?;
+        }
+        grow(&mut self.free, steps, what)?;
+        self.goto
+            .try_reserve(steps)
+            .map_err(|_| out_of_memory(what, steps * size_of::<(u64, u32)>()))
+    }
+
     fn extend_one(&mut self, x: u32) -> Result<()> {
         self.ensure_state();
+        self.reserve_step(self.ngram)?;
         self.tick += 1;
         // The failure chain of the state lists every context suffix, deepest first; suffixes of
         // length `ngram` cannot grow, so they are skipped.
@@ -259,16 +297,27 @@ impl Automaton {
         }
         self.pinned.clear();
         self.pinned.extend_from_slice(&self.chain);
-        let mut shorter = ROOT;
-        for i in (0..self.chain.len()).rev() {
-            let parent = self.chain[i];
-            let v = match self.goto.get(&key(parent, x)) {
-                Some(&v) => v,
-                None => self.create(parent, x, shorter)?,
-            };
+        // Suffix closure: if `s + x` is a node, so is `s' + x` for every suffix `s'` of `s`, and
+        // the failure chain of the first lists the others. So the links are looked up deepest
+        // first only until one exists; the shallower nodes are its failure chain, no hashing.
+        let n = self.chain.len();
+        let (found, hit) = (0..n)
+            .find_map(|i| self.goto.get(&key(self.chain[i], x)).map(|&v| (i, v)))
+            .unwrap_or((n, ROOT));
+        let mut v = hit;
+        for _ in found..n {
             let node = &mut self.nodes[v as usize];
             node.count = node.count.saturating_add(1);
             node.tick = self.tick;
+            self.pinned.push(v);
+            v = node.fail;
+        }
+        // The missing ones, shallowest first, each failing to the one just below it.
+        let mut shorter = hit;
+        for i in (0..found).rev() {
+            let v = self.create(self.chain[i], x, shorter)?;
+            let node = &mut self.nodes[v as usize];
+            node.count = node.count.saturating_add(1);
             self.pinned.push(v);
             shorter = v;
         }
@@ -338,40 +387,65 @@ impl Automaton {
 
     fn push_if_evictable(&mut self, v: u32) {
         if self.is_evictable(v) {
-            let n = &self.nodes[v as usize];
-            self.lru.push(Reverse((n.tick, v, n.generation)));
+            // When the queue cannot grow, the entry is dropped and the queue rebuilt before it
+            // is needed, never an abort.
+            if !self.lru.push(self.nodes[v as usize].tick, v) {
+                self.lru_lost = true;
+            }
         }
     }
 
     fn rebuild_lru(&mut self) {
-        self.lru.clear();
-        for v in 1..self.nodes.len() as u32 {
-            self.push_if_evictable(v);
+        let mut entries = Vec::new();
+        if entries.try_reserve_exact(self.live).is_err() {
+            self.lru.clear();
+            self.lru_lost = true;
+            return;
         }
+        entries.extend(
+            (1..self.nodes.len() as u32)
+                .filter(|&v| self.is_evictable(v))
+                .map(|v| (self.nodes[v as usize].tick, v)),
+        );
+        self.lru_lost = !self.lru.rebuild(entries);
     }
 
     /// Evict the least recently used node that nothing depends on and `extend` does not need.
     fn evict_one(&mut self) -> Result<()> {
-        let mut skipped = Vec::new();
-        let victim = loop {
-            let Some(Reverse((tick, v, generation))) = self.lru.pop() else {
-                break None;
-            };
-            let n = &self.nodes[v as usize];
-            if !self.is_evictable(v) || n.generation != generation || n.tick != tick {
-                continue; // stale entry
-            }
-            if self.pinned.contains(&v) {
-                skipped.push(Reverse((tick, v, generation)));
-                continue;
-            }
-            break Some(v);
-        };
-        self.lru.extend(skipped);
+        let mut victim = self.pop_victim();
+        if victim.is_none() && self.lru_lost {
+            self.rebuild_lru();
+            victim = self.pop_victim();
+        }
         let v = victim
             .ok_or_else(|| Error::Integrity("no evictable node under the node budget".into()))?;
         self.remove(v);
         Ok(())
+    }
+
+    /// Pop the least recently used node that can be evicted now, if any.
+    fn pop_victim(&mut self) -> Option<u32> {
+        let mut skipped = Vec::new();
+        let victim = loop {
+            let Some((tick, v)) = self.lru.pop() else {
+                break None;
+            };
+            // Stale: used again since (a newer entry exists) or no longer evictable. A
+            // recycled slot never matches an old entry's tick, as nodes are only evicted in a
+            // later step than their last use.
+            if !self.is_evictable(v) || self.nodes[v as usize].tick != tick {
+                continue;
+            }
+            if self.pinned.contains(&v) {
+                skipped.push((tick, v));
+                continue;
+            }
+            break Some(v);
+        };
+        for (tick, v) in skipped {
+            self.lru_lost |= !self.lru.push(tick, v);
+        }
+        victim
     }
 
     fn remove(&mut self, v: u32) {
@@ -433,11 +507,15 @@ impl Automaton {
 
     /// Forget everything.
     pub fn clear(&mut self) {
+        // Memory follows what is held: the containers are released, not only emptied.
         self.nodes.truncate(1);
+        self.nodes.shrink_to_fit();
         self.nodes[0] = Node::root();
-        self.goto.clear();
-        self.free.clear();
-        self.lru.clear();
+        self.goto = FxHashMap::default();
+        self.free = Vec::new();
+        self.lru = LruQueue::default();
+        self.scratch = Scratch::default();
+        self.lru_lost = false;
         self.live = 0;
         self.epoch = self.epoch.wrapping_add(1);
         self.new_sequence();

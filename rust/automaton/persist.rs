@@ -51,7 +51,7 @@
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -100,13 +100,27 @@ fn u32_at(data: &[u8], at: usize) -> u32 {
 
 impl Automaton {
     /// The image of this automaton in the persistence format (see `automaton::persist`).
+    ///
+    /// # Panics
+    /// If the memory for the image cannot be had; [`Automaton::try_to_bytes`] reports that as
+    /// an error instead (the bindings' and `save`'s path).
     #[must_use]
-    #[allow(clippy::cast_possible_truncation)] // slots, lengths and depths fit in u32 / u8
     pub fn to_bytes(&self) -> Vec<u8> {
+        self.try_to_bytes()
+            .expect("memory for the automaton's image")
+    }
+
+    /// [`Automaton::to_bytes`] with a fallible allocation of the image.
+    ///
+    /// # Errors
+    /// `OutOfMemory` if the system cannot provide the image's bytes.
+    #[allow(clippy::cast_possible_truncation)] // slots, lengths and depths fit in u32 / u8
+    pub fn try_to_bytes(&self) -> Result<Vec<u8>> {
         let slots = self.nodes.len();
         let size =
             HEADER_LEN + 4 * (self.recent.len() + self.free.len()) + NODE_LEN * self.live + 4;
-        let mut out = Vec::with_capacity(size);
+        let mut out: Vec<u8> = buffer("an automaton's image", size, 0)?;
+        out.clear();
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
@@ -135,7 +149,7 @@ impl Automaton {
         let checksum = crc32(&out);
         out.extend_from_slice(&checksum.to_le_bytes());
         debug_assert_eq!(out.len(), size);
-        out
+        Ok(out)
     }
 
     /// Rebuild an automaton from [`Automaton::to_bytes`] output.
@@ -153,7 +167,7 @@ impl Automaton {
     /// # Errors
     /// `Io` if a file operation fails; `InvalidArgument` if `path` names no file.
     pub fn save(&self, path: &Path) -> Result<()> {
-        write_atomic(path, &self.to_bytes())
+        write_atomic(path, &self.try_to_bytes()?)
     }
 
     /// Read an automaton saved by [`Automaton::save`].
@@ -162,7 +176,16 @@ impl Automaton {
     /// `Io` if the file cannot be read; `CorruptFile` (naming the file) as for
     /// [`Automaton::from_bytes`].
     pub fn load(path: &Path) -> Result<Self> {
-        let data = fs::read(path).map_err(|e| io_error(path, &e))?;
+        let mut file = File::open(path).map_err(|e| io_error(path, &e))?;
+        let size = file.metadata().map_err(|e| io_error(path, &e))?.len();
+        let mut data: Vec<u8> = buffer(
+            "an index file's bytes",
+            usize::try_from(size).unwrap_or(usize::MAX),
+            0,
+        )?;
+        data.clear();
+        file.read_to_end(&mut data)
+            .map_err(|e| io_error(path, &e))?;
         decode(&data, &path.display().to_string())
     }
 }
@@ -264,8 +287,16 @@ fn decode(data: &[u8], source: &str) -> Result<Automaton> {
     if let Some(t) = recent.iter().find(|&&t| t > i32::MAX as u32) {
         return Err(corrupt(format!("holds a recent token {t} beyond int32")));
     }
-    let mut c = Columns::new(slots as usize);
-    a.free = Vec::with_capacity(free_len as usize);
+    let mut c = Columns::new(slots as usize, live as usize)?;
+    a.free = buffer("an automaton's free slots", free_len as usize, 0)?;
+    a.free.clear();
+    // The node table and the goto map, reserved now: `link` fills them without allocating.
+    a.nodes
+        .try_reserve_exact((slots as usize).saturating_sub(a.nodes.len()))
+        .map_err(|_| out_of_memory("an automaton's nodes", slots as usize * size_of::<Node>()))?;
+    a.goto
+        .try_reserve(slots as usize)
+        .map_err(|_| out_of_memory("an automaton's goto map", slots as usize * 16))?;
     for _ in 0..free_len {
         let v = r.u32();
         if v == ROOT || v >= slots || c.depth[v as usize] == DEAD {
@@ -299,8 +330,27 @@ fn decode(data: &[u8], source: &str) -> Result<Automaton> {
 /// Depth of a free slot while decoding (no live node is this deep).
 const DEAD: u8 = u8::MAX;
 
+/// A zeroed buffer of `len` elements for decoding or encoding an image: a fallible allocation
+/// (an `OutOfMemory` error, never an abort) like `crate::alloc::filled`, without its element
+/// cap: an image's counts are already bounded by its own length, and a large index is valid.
+fn buffer<T: Clone>(what: &str, len: usize, value: T) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| out_of_memory(what, len.saturating_mul(size_of::<T>())))?;
+    v.resize(len, value);
+    Ok(v)
+}
+
+fn out_of_memory(what: &str, bytes: usize) -> Error {
+    Error::OutOfMemory {
+        what: what.to_string(),
+        bytes,
+    }
+}
+
 /// The decoded nodes, one compact array per field (indexed by slot), so that the random
-/// accesses of linking hit small arrays rather than whole nodes.
+/// accesses of linking hit small arrays rather than whole nodes; and the linking's own arrays,
+/// allocated (fallibly) with them.
 struct Columns {
     token: Vec<u32>,
     parent: Vec<u32>,
@@ -308,20 +358,36 @@ struct Columns {
     count: Vec<u32>,
     last_use: Vec<u64>,
     depth: Vec<u8>,
+    n_children: Vec<u32>,
+    fail_in: Vec<u32>,
+    first_child: Vec<u32>,
+    next_sibling: Vec<u32>,
+    prev_sibling: Vec<u32>,
+    /// Room for one goto entry per live node (see `insert_in_bucket_order`).
+    sorted: Vec<(u64, u32)>,
 }
 
 impl Columns {
-    fn new(slots: usize) -> Self {
-        let mut parent = vec![0u32; slots];
+    fn new(slots: usize, live: usize) -> Result<Self> {
+        const WHAT: &str = "an automaton image's decoding buffers";
+        let mut parent = buffer(WHAT, slots, 0u32)?;
         parent[0] = NIL;
-        Self {
-            token: vec![NIL; slots],
+        let mut sorted = buffer(WHAT, live, (0u64, 0u32))?;
+        sorted.clear();
+        Ok(Self {
+            token: buffer(WHAT, slots, NIL)?,
             parent,
-            fail: vec![ROOT; slots],
-            count: vec![0; slots],
-            last_use: vec![0; slots],
-            depth: vec![0; slots],
-        }
+            fail: buffer(WHAT, slots, ROOT)?,
+            count: buffer(WHAT, slots, 0)?,
+            last_use: buffer(WHAT, slots, 0)?,
+            depth: buffer(WHAT, slots, 0)?,
+            n_children: buffer(WHAT, slots, 0)?,
+            fail_in: buffer(WHAT, slots, 0)?,
+            first_child: buffer(WHAT, slots, NIL)?,
+            next_sibling: buffer(WHAT, slots, NIL)?,
+            prev_sibling: buffer(WHAT, slots, NIL)?,
+            sorted,
+        })
     }
 
     fn slots(&self) -> usize {
@@ -388,11 +454,14 @@ impl Columns {
             count,
             last_use,
             depth,
+            mut n_children,
+            mut fail_in,
+            mut first_child,
+            mut next_sibling,
+            mut prev_sibling,
+            sorted,
         } = self;
         let live = (1..slots).filter(|&v| depth[v] != DEAD);
-        let mut n_children = vec![0u32; slots];
-        let mut fail_in = vec![0u32; slots];
-        a.goto.reserve(slots);
         for v in live.clone() {
             let (p, f) = (parent[v] as usize, fail[v] as usize);
             if depth[p] == DEAD || u32::from(depth[p]) + 1 != u32::from(depth[v]) {
@@ -428,10 +497,8 @@ impl Columns {
         insert_in_bucket_order(
             a,
             live.clone().map(|v| (key(parent[v], token[v]), v as u32)),
+            sorted,
         )?;
-        let mut first_child = vec![NIL; slots];
-        let mut next_sibling = vec![NIL; slots];
-        let mut prev_sibling = vec![NIL; slots];
         for v in live {
             let p = parent[v] as usize;
             let first = first_child[p];
@@ -441,27 +508,27 @@ impl Columns {
             }
             first_child[p] = v as u32;
         }
-        a.nodes = (0..slots)
-            .map(|v| Node {
-                token: token[v],
-                parent: parent[v],
-                fail: if v == 0 { ROOT } else { fail[v] },
-                depth: if depth[v] == DEAD {
-                    0
-                } else {
-                    u32::from(depth[v])
-                },
-                count: count[v],
-                first_child: first_child[v],
-                next_sibling: next_sibling[v],
-                prev_sibling: prev_sibling[v],
-                n_children: n_children[v],
-                fail_in: fail_in[v],
-                tick: last_use[v],
-                generation: 0,
-                alive: depth[v] != DEAD,
-            })
-            .collect();
+        // Within the capacity `decode` reserved: no allocation.
+        a.nodes.clear();
+        a.nodes.extend((0..slots).map(|v| Node {
+            token: token[v],
+            parent: parent[v],
+            fail: if v == 0 { ROOT } else { fail[v] },
+            depth: if depth[v] == DEAD {
+                0
+            } else {
+                u32::from(depth[v])
+            },
+            count: count[v],
+            first_child: first_child[v],
+            next_sibling: next_sibling[v],
+            prev_sibling: prev_sibling[v],
+            n_children: n_children[v],
+            fail_in: fail_in[v],
+            tick: last_use[v],
+            generation: 0,
+            alive: depth[v] != DEAD,
+        }));
         Ok(())
     }
 }
@@ -474,6 +541,7 @@ impl Columns {
 fn insert_in_bucket_order(
     a: &mut Automaton,
     entries: impl Iterator<Item = (u64, u32)> + Clone,
+    mut sorted: Vec<(u64, u32)>,
 ) -> std::result::Result<(), String> {
     use std::hash::BuildHasher;
     const GROUP_BITS: u32 = 12;
@@ -490,7 +558,8 @@ fn insert_in_bucket_order(
     for g in 1..start.len() {
         start[g] += start[g - 1];
     }
-    let mut sorted = vec![(0u64, 0u32); start[1 << GROUP_BITS]];
+    // Within the capacity `Columns::new` reserved (one entry per live node): no allocation.
+    sorted.resize(start[1 << GROUP_BITS], (0, 0));
     for (k, v) in entries {
         let at = &mut start[group(k)];
         sorted[*at] = (k, v);

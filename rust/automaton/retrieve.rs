@@ -67,6 +67,22 @@ impl Recency {
     }
 }
 
+/// Buffers of one retrieval build, kept by an automaton between its own builds.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Scratch {
+    /// The trie nodes used (the border first).
+    pub(crate) used: Vec<u32>,
+    heap: BinaryHeap<Candidate>,
+    candidates: Vec<Candidate>,
+}
+
+impl Scratch {
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.used.capacity() * size_of::<u32>()
+            + (self.heap.capacity() + self.candidates.capacity()) * size_of::<Candidate>()
+    }
+}
+
 impl Ord for Candidate {
     /// Better candidates compare greater: higher count, then shallower, then smaller token id
     /// (then smaller builder parent and node index, so the order is total and deterministic).
@@ -172,15 +188,37 @@ impl Automaton {
     /// `budget` nodes. Continuations are taken best first across the borders' subtrees, ranked
     /// by count, then depth, then token id; paths spelling the same tokens merge.
     pub fn retrieve_into(&mut self, builder: &mut TreeBuilder, next: u32, budget: usize) {
-        let borders = self.borders(next);
+        self.ensure_state();
         // Suffix closure makes every path under a longer border also a path under the shortest
         // one, with a count at least as high; ranked by count, the longer borders only ever
         // produce merges, so the shortest border alone yields the same tree, faster.
-        let Some(&border) = borders.last() else {
+        let Some(border) = self.shortest_border_from(self.state, next) else {
             return;
         };
-        let used = self.collect_into(builder, border, budget, Source::Local);
-        self.mark_used(&used);
+        // The request's own buffers, kept between builds (no allocation per call).
+        let mut scratch = std::mem::take(&mut self.scratch);
+        self.collect_into(builder, border, budget, Source::Local, &mut scratch);
+        self.mark_used(&scratch.used);
+        self.scratch = scratch;
+    }
+
+    /// The last of `borders_from(deepest, next)` without building the list.
+    fn shortest_border_from(&self, deepest: u32, next: u32) -> Option<u32> {
+        let mut shortest = None;
+        let mut u = deepest;
+        loop {
+            if let Some(&v) = self.goto.get(&key(u, next)) {
+                if self.nodes[v as usize].depth as usize >= self.min_depth {
+                    shortest = Some(v);
+                } else {
+                    return shortest; // shallower ones are shallower still
+                }
+            }
+            if u == ROOT {
+                return shortest;
+            }
+            u = self.nodes[u as usize].fail;
+        }
     }
 
     /// [`Automaton::retrieve_into`] for an explicit `context` (see [`Automaton::borders_for`]),
@@ -196,25 +234,35 @@ impl Automaton {
         source: Source,
     ) -> Vec<u32> {
         match self.borders_for(context, next).last() {
-            Some(&border) => self.collect_into(builder, border, budget, source),
+            Some(&border) => {
+                let mut scratch = Scratch::default();
+                self.collect_into(builder, border, budget, source, &mut scratch);
+                scratch.used
+            }
             None => Vec::new(),
         }
     }
 
     /// Place the continuations below `border` best first until the builder holds `budget`
-    /// nodes; returns the trie nodes used (the border first).
+    /// nodes; leaves the trie nodes used (the border first) in `buffers.used`.
     fn collect_into(
         &self,
         builder: &mut TreeBuilder,
         border: u32,
         budget: usize,
         source: Source,
-    ) -> Vec<u32> {
-        let mut used = vec![border];
-        let mut heap = BinaryHeap::new();
-        let mut scratch = Vec::new();
+        buffers: &mut Scratch,
+    ) {
+        let Scratch {
+            used,
+            heap,
+            candidates: scratch,
+        } = buffers;
+        used.clear();
+        heap.clear();
+        used.push(border);
         let keep = budget - 1;
-        self.push_children(&mut heap, &mut scratch, border, 0, 1, source, keep);
+        self.push_children(heap, scratch, border, 0, 1, source, keep);
         while builder.len() < budget {
             let Some(c) = heap.pop() else { break };
             let Some((placed, _)) =
@@ -223,17 +271,8 @@ impl Automaton {
                 break;
             };
             used.push(c.node);
-            self.push_children(
-                &mut heap,
-                &mut scratch,
-                c.node,
-                placed,
-                c.rel_depth + 1,
-                source,
-                keep,
-            );
+            self.push_children(heap, scratch, c.node, placed, c.rel_depth + 1, source, keep);
         }
-        used
     }
 
     /// Push the children of trie node `node` (placed as builder node `parent`) as candidates;
@@ -335,9 +374,37 @@ impl Automaton {
         for &v in nodes {
             if self.nodes[v as usize].alive {
                 self.nodes[v as usize].tick = self.tick;
-                self.push_if_evictable(v);
             }
         }
+        self.push_used(nodes.iter().copied());
+    }
+
+    /// Push the evictable ones of `nodes` that were just used (at the newest tick) onto the
+    /// LRU queue in node order, so they go to its sorted FIFO rather than its heap.
+    fn push_used(&mut self, nodes: impl Iterator<Item = u32>) {
+        let mut batch = std::mem::take(&mut self.pinned);
+        batch.clear();
+        for v in nodes {
+            let fresh = self
+                .nodes
+                .get(v as usize)
+                .is_some_and(|n| n.tick == self.tick);
+            if !fresh || !self.is_evictable(v) {
+                continue;
+            }
+            if batch.try_reserve(1).is_err() {
+                self.push_if_evictable(v); // unsorted, still exact (it lands in the heap)
+                continue;
+            }
+            batch.push(v);
+        }
+        batch.sort_unstable();
+        batch.dedup();
+        for &v in &batch {
+            self.push_if_evictable(v);
+        }
+        batch.clear();
+        self.pinned = batch;
     }
 
     /// A [`Recency`] holding `nodes` (just used by a read-only build) with their generations.
@@ -367,9 +434,9 @@ impl Automaton {
             };
             if n.alive && n.generation == generation {
                 n.tick = self.tick;
-                self.push_if_evictable(v);
             }
         }
+        self.push_used(recency.nodes.iter().map(|&(v, _)| v));
     }
 
     /// The last `ngram` tokens of the current sequence (the match state spells them), oldest

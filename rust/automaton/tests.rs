@@ -376,3 +376,30 @@ fn touch_skips_nodes_recycled_since_the_build() {
     a.touch(&recency);
     assert_eq!(a.to_bytes(), image);
 }
+
+#[test]
+fn memory_follows_the_nodes_held() {
+    let empty = Automaton::new(10, 10_000, 2).unwrap();
+    assert!(empty.memory_bytes() < 1024, "{}", empty.memory_bytes());
+    let mut a = Automaton::new(10, 10_000, 2).unwrap();
+    let mut seed = 3;
+    let tokens: Vec<i32> = (0..400).map(|_| (lcg(&mut seed) % 50) as i32).collect();
+    a.extend(&tokens).unwrap();
+    let (live, bytes) = (a.len(), a.memory_bytes());
+    // Each node holds its slot and a goto entry, with growth slack: more than the
+    // node alone, never the budget's worth.
+    assert!(
+        live > 1000 && bytes > live * size_of::<Node>(),
+        "{live} {bytes}"
+    );
+    assert!(
+        bytes < 6 * live * size_of::<Node>() + 65_536,
+        "{live} {bytes}"
+    );
+    a.clear();
+    assert!(
+        a.memory_bytes() <= empty.memory_bytes(),
+        "{}",
+        a.memory_bytes()
+    );
+}

@@ -5,7 +5,7 @@ use numpy::{
 };
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyString};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::errors::{type_error, value_error};
 
@@ -23,22 +23,51 @@ impl Tokens<'_> {
             Self::Owned(v) => v,
         }
     }
+
+    /// The ids as an owned vector (a borrowed array copied with a fallible allocation).
+    pub(crate) fn into_vec(self, arg: &str) -> PyResult<Vec<i32>> {
+        match self {
+            Self::Borrowed(_) => {
+                let slice = self.as_slice();
+                converted(arg, slice.len(), slice.iter().copied(), Ok)
+            }
+            Self::Owned(v) => Ok(v),
+        }
+    }
+}
+
+/// The `len` items of `values`, each through `convert`, in a buffer from
+/// [`crate::alloc::filled`]: every copy of a caller's argument is a fallible allocation, so one
+/// too large for the memory left is an `OutOfMemoryError` (or an `InvalidArgumentError` past
+/// 2**28 elements), never an abort.
+pub(crate) fn converted<T, U: Clone + Default>(
+    arg: &str,
+    len: usize,
+    values: impl IntoIterator<Item = T>,
+    mut convert: impl FnMut(T) -> PyResult<U>,
+) -> PyResult<Vec<U>> {
+    let mut out = crate::alloc::filled("ids", &format!("a copy of {arg}"), len, U::default())
+        .map_err(|e| match e {
+            crate::error::Error::InvalidArgument { msg, .. } => value_error(arg, msg),
+            other => other.into(),
+        })?;
+    for (slot, value) in out.iter_mut().zip(values) {
+        *slot = convert(value)?;
+    }
+    Ok(out)
 }
 
 fn to_i32<T: Copy + std::fmt::Display>(
     arg: &str,
+    len: usize,
     values: impl IntoIterator<Item = T>,
 ) -> PyResult<Vec<i32>>
 where
     i32: TryFrom<T>,
 {
-    values
-        .into_iter()
-        .map(|v| {
-            i32::try_from(v)
-                .map_err(|_| value_error(arg, format!("value {v} does not fit in int32")))
-        })
-        .collect()
+    converted(arg, len, values, |v| {
+        i32::try_from(v).map_err(|_| value_error(arg, format!("value {v} does not fit in int32")))
+    })
 }
 
 fn dtype_name(a: &Bound<'_, PyUntypedArray>) -> String {
@@ -53,7 +82,7 @@ fn other_integer_array(obj: &Bound<'_, PyAny>, arg: &str) -> Option<PyResult<Vec
     macro_rules! try_dtype {
         ($($t:ty),*) => {$(
             if let Ok(a) = obj.extract::<PyReadonlyArray1<'_, $t>>() {
-                return Some(to_i32(arg, a.as_array().iter().copied()));
+                return Some(to_i32(arg, a.len(), a.as_array().iter().copied()));
             }
         )*};
     }
@@ -61,9 +90,12 @@ fn other_integer_array(obj: &Bound<'_, PyAny>, arg: &str) -> Option<PyResult<Vec
     None
 }
 
-/// Extract a 1-D sequence of token ids from a list/tuple of ints or an integer numpy array
-/// (int32 borrowed without a copy when contiguous; any other integer dtype range-checked).
-pub(crate) fn token_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tokens<'py>> {
+/// Extract a 1-D sequence of ints from a list/tuple of ints or an integer numpy array (int32
+/// borrowed without a copy when contiguous; any other integer dtype range-checked). Python bools
+/// are refused inside lists as they are as arrays and scalars: `True` is not the int 1 here.
+/// Negative values pass: this is the rule for parents, cells, ranks and lengths; token ids go
+/// through [`token_arg`].
+pub(crate) fn int_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tokens<'py>> {
     if let Ok(a) = obj.cast::<PyUntypedArray>() {
         if a.ndim() != 1 {
             return Err(value_error(
@@ -75,7 +107,12 @@ pub(crate) fn token_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tok
             if a32.as_slice().is_ok() {
                 return Ok(Tokens::Borrowed(a32));
             }
-            return Ok(Tokens::Owned(a32.as_array().to_vec()));
+            return Ok(Tokens::Owned(converted(
+                arg,
+                a32.len(),
+                a32.as_array().iter().copied(),
+                Ok,
+            )?));
         }
         if let Some(values) = other_integer_array(obj, arg) {
             return Ok(Tokens::Owned(values?));
@@ -90,10 +127,6 @@ pub(crate) fn token_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tok
             "{arg}: expected a sequence of ints, got a string"
         )));
     }
-    if let Ok(values) = obj.extract::<Vec<i64>>() {
-        return Ok(Tokens::Owned(to_i32(arg, values)?));
-    }
-    // Not a plain sequence of int64s: find the first element at fault and name it.
     let ty = obj
         .get_type()
         .name()
@@ -103,25 +136,58 @@ pub(crate) fn token_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tok
             "{arg}: expected a sequence of ints or an integer array, got {ty}"
         ))
     };
-    let items: Vec<Int> = obj.extract().map_err(|_| not_a_sequence())?;
-    let mut values = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let v = item.get(&format!("{arg}[{i}]"))?;
-        values.push(
-            i32::try_from(v)
-                .map_err(|_| value_error(arg, format!("value {v} does not fit in int32")))?,
-        );
+    if let Ok(list) = obj.cast::<PyList>() {
+        return Ok(Tokens::Owned(elements(list.iter(), arg)?));
     }
-    Ok(Tokens::Owned(values))
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return Ok(Tokens::Owned(elements(tuple.iter(), arg)?));
+    }
+    // Any other sequence: its items, then the same rule.
+    let items: Vec<Bound<'py, PyAny>> = obj.extract().map_err(|_| not_a_sequence())?;
+    Ok(Tokens::Owned(elements(items.into_iter(), arg)?))
+}
+
+/// The ints of a list's items, each one an int (never a bool) within int32; the buffer is a
+/// fallible allocation (the length is the caller's).
+fn elements<'py>(
+    items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
+    arg: &str,
+) -> PyResult<Vec<i32>> {
+    let len = items.len();
+    converted(arg, len, items.enumerate(), |(i, item)| {
+        let v = match item.extract::<Int>()?.0 {
+            Ok(v) => v,
+            Err(ty) => return Err(type_error(format!("{arg}[{i}] must be an int, got {ty}"))),
+        };
+        i32::try_from(v).map_err(|_| value_error(arg, format!("value {v} does not fit in int32")))
+    })
+}
+
+/// Token ids: [`int_arg`]'s sequences with every id non-negative (the one rule for every token
+/// id argument of the bindings; each consumer checks its own upper bound, e.g. a vocabulary).
+/// `DraftPool` takes [`int_arg`]'s and leaves the whole range `0..vocab_size` to its core, whose
+/// messages name the request an id belongs to.
+pub(crate) fn token_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tokens<'py>> {
+    let tokens = int_arg(obj, arg)?;
+    if let Some(i) = tokens.as_slice().iter().position(|&t| t < 0) {
+        return Err(value_error(
+            arg,
+            format!(
+                "token {} at index {i} is negative (token ids are >= 0)",
+                tokens.as_slice()[i]
+            ),
+        ));
+    }
+    Ok(tokens)
 }
 
 /// Extract a 2-D array of element type `Narrow` (taken as is) or `Wide` (converted by `narrow`)
 /// as row-major `(data, rows, cols)`; `kinds` names the two dtypes in error messages.
-fn matrix_of<Narrow: Element + Copy, Wide: Element + Copy>(
+fn matrix_of<Narrow: Element + Copy + Default, Wide: Element + Copy>(
     obj: &Bound<'_, PyAny>,
     arg: &str,
     kinds: &str,
-    narrow: impl Fn(Vec<Wide>) -> PyResult<Vec<Narrow>>,
+    narrow: impl FnMut(Wide) -> PyResult<Narrow>,
 ) -> PyResult<(Vec<Narrow>, usize, usize)> {
     let a = obj
         .cast::<PyUntypedArray>()
@@ -133,11 +199,20 @@ fn matrix_of<Narrow: Element + Copy, Wide: Element + Copy>(
         ));
     }
     let (n, k) = (a.shape()[0], a.shape()[1]);
+    let cells = n.saturating_mul(k);
     if let Ok(m) = obj.extract::<PyReadonlyArray2<'_, Narrow>>() {
-        return Ok((m.as_array().iter().copied().collect(), n, k));
+        return Ok((
+            converted(arg, cells, m.as_array().iter().copied(), Ok)?,
+            n,
+            k,
+        ));
     }
     if let Ok(m) = obj.extract::<PyReadonlyArray2<'_, Wide>>() {
-        return Ok((narrow(m.as_array().iter().copied().collect())?, n, k));
+        return Ok((
+            converted(arg, cells, m.as_array().iter().copied(), narrow)?,
+            n,
+            k,
+        ));
     }
     Err(type_error(format!(
         "{arg}: expected a {kinds} array, got dtype {}",
@@ -147,16 +222,16 @@ fn matrix_of<Narrow: Element + Copy, Wide: Element + Copy>(
 
 /// Extract an `[n, k]` int32/int64 array of token ids as row-major `(data, n, k)`.
 pub(crate) fn matrix(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Vec<i32>, usize, usize)> {
-    matrix_of::<i32, i64>(obj, arg, "int32 or int64", |wide| to_i32(arg, wide))
+    matrix_of::<i32, i64>(obj, arg, "int32 or int64", |v| {
+        i32::try_from(v).map_err(|_| value_error(arg, format!("value {v} does not fit in int32")))
+    })
 }
 
 /// Extract an `[n, k]` float32/float64 array of probabilities as row-major `(data, n, k)`.
 pub(crate) fn prob_matrix(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Vec<f32>, usize, usize)> {
     // Probabilities: f32 precision is plenty.
     #[allow(clippy::cast_possible_truncation)]
-    matrix_of::<f32, f64>(obj, arg, "float32 or float64", |wide| {
-        Ok(wide.into_iter().map(|p| p as f32).collect())
-    })
+    matrix_of::<f32, f64>(obj, arg, "float32 or float64", |p| Ok(p as f32))
 }
 
 /// Extract a 1-D float32/float64 array (or a list of floats) of probabilities.
@@ -169,17 +244,18 @@ pub(crate) fn prob_vector(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f32
             ));
         }
         if let Ok(v) = obj.extract::<PyReadonlyArray1<'_, f32>>() {
-            return Ok(v.as_array().to_vec());
+            return converted(arg, v.len(), v.as_array().iter().copied(), Ok);
         }
         if let Ok(v) = obj.extract::<PyReadonlyArray1<'_, f64>>() {
             #[allow(clippy::cast_possible_truncation)] // probabilities: f32 precision is plenty
-            return Ok(v.as_array().iter().map(|&p| p as f32).collect());
+            return converted(arg, v.len(), v.as_array().iter(), |&p| Ok(p as f32));
         }
         return Err(type_error(format!(
             "{arg}: expected a float32 or float64 array, got dtype {}",
             dtype_name(a)
         )));
     }
+    // A list: as long as the caller's own list (each item a float object, far larger).
     let values: Vec<f64> = obj.extract().map_err(|_| {
         type_error(format!(
             "{arg}: expected a 1-D float array or a list of floats"
@@ -390,4 +466,34 @@ pub(crate) fn type_name(obj: &Borrowed<'_, '_, PyAny>) -> String {
     obj.get_type()
         .name()
         .map_or_else(|_| "?".into(), |n| n.to_string())
+}
+
+/// Refuse arguments a native constructor or function does not take (positional ones beyond its
+/// own, unknown keywords), as an `InvalidTypeError` naming them and the accepted ones (PyO3's
+/// own errors for these are plain `TypeError`s). `extra` and `unexpected` are the entry point's
+/// `*args` and `**kwargs` catch-alls.
+pub(crate) fn no_unknown_keywords(
+    func: &str,
+    extra: &Bound<'_, PyTuple>,
+    unexpected: Option<&Bound<'_, PyDict>>,
+    accepted: &str,
+) -> PyResult<()> {
+    if !extra.is_empty() {
+        return Err(type_error(format!(
+            "{func}() got {} positional argument(s) too many; it takes {accepted} (the later ones by keyword)",
+            extra.len()
+        )));
+    }
+    let Some(extra) = unexpected.filter(|d| !d.is_empty()) else {
+        return Ok(());
+    };
+    let names: Vec<String> = extra
+        .keys()
+        .iter()
+        .map(|k| k.str().map_or_else(|_| "?".into(), |s| format!("'{s}'")))
+        .collect();
+    Err(type_error(format!(
+        "{func}() got unknown keyword argument(s) {}; it takes {accepted}",
+        names.join(", ")
+    )))
 }

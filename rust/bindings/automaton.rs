@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use parking_lot::RwLock;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::types::{PyBytes, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyDict, PyTuple, PyType};
 
-use super::arrays::{Int, at_least, token_arg, token_id};
+use super::arrays::{Int, at_least, no_unknown_keywords, token_arg, token_id};
 use super::errors::{type_error, value_error};
 use super::tree::PyDraftTree;
 use crate::automaton::{Automaton, write_atomic};
@@ -51,14 +51,22 @@ fn path_arg(obj: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
 #[pymethods]
 impl PyAutomaton {
     #[new]
-    #[pyo3(signature = (ngram = Int::of(10), max_nodes = None, min_depth = Int::of(2), *, capacity = None))]
+    #[pyo3(signature = (ngram = Int::of(10), max_nodes = None, min_depth = Int::of(2), *extra, capacity = None, **unexpected))]
     #[pyo3(text_signature = "(ngram=10, max_nodes=None, min_depth=2, *, capacity=None)")]
     fn py_new(
         ngram: Int,
         max_nodes: Option<Int>,
         min_depth: Int,
+        extra: &Bound<'_, PyTuple>,
         capacity: Option<Int>,
+        unexpected: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        no_unknown_keywords(
+            "Automaton",
+            extra,
+            unexpected,
+            "ngram, max_nodes, min_depth, capacity",
+        )?;
         let ngram = at_least(ngram, 2, "ngram")?;
         // `capacity` is the node budget's earlier name, kept as an alias.
         let (name, budget) = match (max_nodes, capacity) {
@@ -195,7 +203,7 @@ impl PyAutomaton {
         let path = path_arg(path)?;
         py.detach(|| {
             // Snapshot under the read lock; the disk write does not block writers.
-            let image = self.inner.read().to_bytes();
+            let image = self.inner.read().try_to_bytes()?;
             write_atomic(&path, &image)
         })?;
         Ok(())
@@ -209,9 +217,9 @@ impl PyAutomaton {
     }
 
     /// The automaton's image, as ``save`` writes it.
-    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        let image = py.detach(|| self.inner.read().to_bytes());
-        PyBytes::new(py, &image)
+    fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let image = py.detach(|| self.inner.read().try_to_bytes())?;
+        Ok(PyBytes::new(py, &image))
     }
 
     /// Rebuild an automaton from ``to_bytes`` output.
@@ -234,7 +242,7 @@ impl PyAutomaton {
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
         let py = slf.py();
         let from_bytes = slf.get_type().getattr("from_bytes")?;
-        let image = slf.get().to_bytes(py);
+        let image = slf.get().to_bytes(py)?;
         (from_bytes, (image,)).into_pyobject(py)
     }
 }

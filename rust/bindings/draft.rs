@@ -2,8 +2,11 @@
 
 use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
 
-use super::arrays::{Flag, Int, Real, at_least, native, prob_vector, token_arg, token_id};
+use super::arrays::{
+    Flag, Int, Real, at_least, native, no_unknown_keywords, prob_vector, token_arg, token_id,
+};
 use super::automaton::PyAutomaton;
 use super::errors::value_error;
 use super::logits_table::{PyLogitsTable, exempt};
@@ -37,7 +40,7 @@ fn lock_pair<'a>(
 /// RACER's draft tree: ``draft_chain`` first, then retrieval paths (the request's, then the
 /// shared automaton's), then the logits tree; the budget is charged after merging.
 #[pyfunction]
-#[pyo3(signature = (automaton, table, next_token, capacity = Int::of(64), *, use_retrieval = Flag::of(true), use_logits = Flag::of(true), draft_chain = None, exempt_depth = Int::of(1), scored = Flag::of(false), min_score = Real::of(0.0), calibration = None, shared = None))]
+#[pyo3(signature = (automaton, table, next_token, capacity = Int::of(64), *extra, use_retrieval = Flag::of(true), use_logits = Flag::of(true), draft_chain = None, exempt_depth = Int::of(1), scored = Flag::of(false), min_score = Real::of(0.0), calibration = None, shared = None, **unexpected))]
 #[pyo3(
     text_signature = "(automaton, table, next_token, capacity=64, *, use_retrieval=True, use_logits=True, draft_chain=None, exempt_depth=1, scored=False, min_score=0.0, calibration=None, shared=None)"
 )]
@@ -48,6 +51,7 @@ pub(crate) fn build_draft_tree(
     table: &Bound<'_, PyAny>,
     next_token: Int,
     capacity: Int,
+    extra: &Bound<'_, PyTuple>,
     use_retrieval: Flag,
     use_logits: Flag,
     draft_chain: Option<&Bound<'_, PyAny>>,
@@ -56,7 +60,14 @@ pub(crate) fn build_draft_tree(
     min_score: Real,
     calibration: Option<&Bound<'_, PyAny>>,
     shared: Option<&Bound<'_, PyAny>>,
+    unexpected: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PyDraftTree> {
+    no_unknown_keywords(
+        "build_draft_tree",
+        extra,
+        unexpected,
+        "automaton, table, next_token, capacity, use_retrieval, use_logits, draft_chain, exempt_depth, scored, min_score, calibration, shared",
+    )?;
     let automaton = native::<PyAutomaton>(automaton, "automaton", "an Automaton")?;
     let table = native::<PyLogitsTable>(table, "table", "a LogitsTable")?;
     let shared = shared

@@ -3,8 +3,11 @@
 use numpy::PyArray1;
 use parking_lot::RwLock;
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
 
-use super::arrays::{Int, array1, at_least, matrix, prob_matrix, token_arg, token_id};
+use super::arrays::{
+    Int, array1, at_least, int_arg, matrix, no_unknown_keywords, prob_matrix, token_arg, token_id,
+};
 use super::tree::PyDraftTree;
 use crate::logits_table::LogitsTable;
 
@@ -21,12 +24,32 @@ pub(crate) fn exempt(value: Int) -> PyResult<u32> {
     })
 }
 
+/// A row accessor's token: a token id below the table's `vocab_size` (a row that does not exist
+/// is an error; `None` means only "never written").
+fn row_index(table: &LogitsTable, token: Int) -> PyResult<i32> {
+    let token = token_id(token, "token")?;
+    let vocab = table.vocab_size();
+    if usize::try_from(token).is_ok_and(|t| t < vocab) {
+        return Ok(token);
+    }
+    Err(super::errors::value_error(
+        "token",
+        format!("must be a token id in 0..{vocab} (the table's vocab_size), got {token}"),
+    ))
+}
+
 #[pymethods]
 impl PyLogitsTable {
     #[new]
-    #[pyo3(signature = (vocab_size, top_k = Int::of(8)))]
+    #[pyo3(signature = (vocab_size, top_k = Int::of(8), *extra, **unexpected))]
     #[pyo3(text_signature = "(vocab_size, top_k=8)")]
-    fn py_new(vocab_size: Int, top_k: Int) -> PyResult<Self> {
+    fn py_new(
+        vocab_size: Int,
+        top_k: Int,
+        extra: &Bound<'_, PyTuple>,
+        unexpected: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        no_unknown_keywords("LogitsTable", extra, unexpected, "vocab_size, top_k")?;
         let vocab_size = at_least(vocab_size, 1, "vocab_size")?;
         let top_k = at_least(top_k, 1, "top_k")?;
         Ok(Self {
@@ -96,17 +119,17 @@ impl PyLogitsTable {
         py: Python<'py>,
         token: Int,
     ) -> PyResult<Option<Bound<'py, PyArray1<f32>>>> {
-        let token = token_id(token, "token")?;
-        Ok(self
-            .inner
-            .read()
+        let table = self.inner.read();
+        let token = row_index(&table, token)?;
+        Ok(table
             .row_probs(token)
             .map(|r| PyArray1::from_vec(py, r.to_vec())))
     }
 
     fn row<'py>(&self, py: Python<'py>, token: Int) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
-        let token = token_id(token, "token")?;
-        Ok(self.inner.read().row(token).map(|r| array1(py, r.to_vec())))
+        let table = self.inner.read();
+        let token = row_index(&table, token)?;
+        Ok(table.row(token).map(|r| array1(py, r.to_vec())))
     }
 
     fn clear(&self) {
@@ -141,8 +164,8 @@ impl PyLogitsTable {
         ranks: &Bound<'_, PyAny>,
     ) -> PyResult<PyDraftTree> {
         let root = token_id(root, "root")?;
-        let p = token_arg(parents, "parents")?;
-        let r = token_arg(ranks, "ranks")?;
+        let p = int_arg(parents, "parents")?;
+        let r = int_arg(ranks, "ranks")?;
         Ok(self
             .inner
             .read()

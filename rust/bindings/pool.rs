@@ -4,10 +4,11 @@
 use numpy::PyArray1;
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::arrays::{
-    Flag, Int, Real, Text, Tokens, array1, at_least, matrix, prob_matrix, prob_vector, token_arg,
+    Flag, Int, Real, Text, Tokens, array1, at_least, converted, int_arg, matrix,
+    no_unknown_keywords, prob_matrix, prob_vector,
 };
 use super::errors::{type_error, value_error};
 use super::logits_table::exempt;
@@ -69,15 +70,33 @@ fn items<'py>(obj: &Bound<'py, PyAny>, arg: &str, what: &str) -> PyResult<Vec<Bo
     let iter = obj
         .try_iter()
         .map_err(|_| type_error(format!("{arg}: expected {what}, got {}", type_name(obj))))?;
-    iter.collect()
+    // The caller's sequence sizes this buffer: it grows by fallible reservations.
+    let mut out: Vec<Bound<'py, PyAny>> = Vec::new();
+    for item in iter {
+        if out.len() == out.capacity() {
+            out.try_reserve(out.len().max(16))
+                .map_err(|_| out_of_memory(arg, out.len()))?;
+        }
+        out.push(item?);
+    }
+    Ok(out)
+}
+
+fn out_of_memory(arg: &str, len: usize) -> PyErr {
+    crate::error::Error::OutOfMemory {
+        what: format!("the items of {arg}"),
+        bytes: len.saturating_mul(2 * size_of::<usize>()),
+    }
+    .into()
 }
 
 fn request_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RequestId>> {
-    items(obj, "ids", "a sequence of request ids (ints or strs)")?
-        .iter()
-        .enumerate()
-        .map(|(i, item)| request_id(item, &format!("ids[{i}]")))
-        .collect()
+    let items = items(obj, "ids", "a sequence of request ids (ints or strs)")?;
+    let mut ids = crate::alloc::filled("ids", "the request ids", items.len(), RequestId::Int(0))?;
+    for (i, (slot, item)) in ids.iter_mut().zip(&items).enumerate() {
+        *slot = request_id(item, &format!("ids[{i}]"))?;
+    }
+    Ok(ids)
 }
 
 /// `ids[i]` spelled for messages: `ids[3] ('req-7')`, or `ids[3]` past the end.
@@ -131,13 +150,14 @@ pub struct PyDraftPool {
 #[pymethods]
 impl PyDraftPool {
     #[new]
-    #[pyo3(signature = (vocab_size, *, ngram = Int::of(10), max_nodes = Int::of(10_000), breadth = Int::of(8), min_depth = Int::of(2), exempt_depth = Int::of(1), tree = Text::of("halving"), min_score = Real::of(0.0), use_retrieval = Flag::of(true), use_logits = Flag::of(true), threads = Int::of(1)))]
+    #[pyo3(signature = (vocab_size, *extra, ngram = Int::of(10), max_nodes = Int::of(10_000), breadth = Int::of(8), min_depth = Int::of(2), exempt_depth = Int::of(1), tree = Text::of("halving"), min_score = Real::of(0.0), use_retrieval = Flag::of(true), use_logits = Flag::of(true), threads = Int::of(1), **unexpected))]
     #[pyo3(
         text_signature = "(vocab_size, *, ngram=10, max_nodes=10000, breadth=8, min_depth=2, exempt_depth=1, tree='halving', min_score=0.0, use_retrieval=True, use_logits=True, threads=1)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
         vocab_size: Int,
+        extra: &Bound<'_, PyTuple>,
         ngram: Int,
         max_nodes: Int,
         breadth: Int,
@@ -148,7 +168,14 @@ impl PyDraftPool {
         use_retrieval: Flag,
         use_logits: Flag,
         threads: Int,
+        unexpected: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        no_unknown_keywords(
+            "DraftPool",
+            extra,
+            unexpected,
+            "vocab_size, ngram, max_nodes, breadth, min_depth, exempt_depth, tree, min_score, use_retrieval, use_logits, threads",
+        )?;
         let scored = tree.one_of("tree", &["halving", "scored"])? == "scored";
         let options = PoolOptions {
             vocab_size: at_least(vocab_size, 1, "vocab_size")?,
@@ -283,7 +310,7 @@ impl PyDraftPool {
         prompt_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let id = request_id(id, "id")?;
-        let prompt = token_arg(prompt_ids, &format!("prompt_ids ({id})"))?;
+        let prompt = int_arg(prompt_ids, &format!("prompt_ids ({id})"))?;
         let prompt = prompt.as_slice();
         Ok(py.detach(|| self.inner.add(id, prompt))?)
     }
@@ -305,12 +332,12 @@ impl PyDraftPool {
     ) -> PyResult<()> {
         let ids = request_ids(ids)?;
         if let Some(lengths) = lengths {
-            let flat = token_arg(tokens, "tokens")?;
-            let lengths: Vec<i64> = token_arg(lengths, "lengths")?
-                .as_slice()
-                .iter()
-                .map(|&n| i64::from(n))
-                .collect();
+            let flat = int_arg(tokens, "tokens")?;
+            let lengths = int_arg(lengths, "lengths")?;
+            let lengths = lengths.as_slice();
+            let lengths: Vec<i64> = converted("lengths", lengths.len(), lengths.iter(), |&n| {
+                Ok(i64::from(n))
+            })?;
             let flat = flat.as_slice();
             return Ok(py.detach(|| {
                 let parts = split_ragged(flat, &lengths, &ids)?;
@@ -333,7 +360,7 @@ impl PyDraftPool {
         )?
         .iter()
         .enumerate()
-        .map(|(i, t)| token_arg(t, &element("tokens", i, &ids)))
+        .map(|(i, t)| int_arg(t, &element("tokens", i, &ids)))
         .collect::<PyResult<Vec<Tokens<'_>>>>()?;
         let slices: Vec<&[i32]> = parts.iter().map(Tokens::as_slice).collect();
         Ok(py.detach(|| self.inner.extend(&ids, &slices))?)
@@ -350,7 +377,7 @@ impl PyDraftPool {
         topk_probs: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let id = request_id(id, "id")?;
-        let t = token_arg(tokens, &format!("tokens ({id})"))?;
+        let t = int_arg(tokens, &format!("tokens ({id})"))?;
         let arg = format!("topk_ids ({id})");
         let (ids, n, k) = matrix(topk_ids, &arg)?;
         if n != t.as_slice().len() {
@@ -385,7 +412,7 @@ impl PyDraftPool {
         calibration: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyBatchDraft> {
         let ids = request_ids(ids)?;
-        let last = token_arg(last_tokens, "last_tokens")?;
+        let last = int_arg(last_tokens, "last_tokens")?;
         let caps = capacities(capacity, &ids)?;
         let calibration = calibration
             .map(|c| prob_vector(c, "calibration"))

@@ -2,9 +2,9 @@
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
 
-use super::arrays::{array1, token_arg};
+use super::arrays::{array1, int_arg, no_unknown_keywords, token_arg};
 use crate::tree::DraftTree;
 
 /// A draft tree flattened in BFS order (root at index 0, parents before children).
@@ -22,16 +22,20 @@ impl From<DraftTree> for PyDraftTree {
 #[pymethods]
 impl PyDraftTree {
     #[new]
-    #[pyo3(signature = (tokens, parents, cells = None))]
+    #[pyo3(signature = (tokens, parents, cells = None, *extra, **unexpected))]
+    #[pyo3(text_signature = "(tokens, parents, cells=None)")]
     fn py_new(
         tokens: &Bound<'_, PyAny>,
         parents: &Bound<'_, PyAny>,
         cells: Option<&Bound<'_, PyAny>>,
+        extra: &Bound<'_, PyTuple>,
+        unexpected: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let t = token_arg(tokens, "tokens")?.as_slice().to_vec();
-        let p = token_arg(parents, "parents")?.as_slice().to_vec();
+        no_unknown_keywords("DraftTree", extra, unexpected, "tokens, parents, cells")?;
+        let t = token_arg(tokens, "tokens")?.into_vec("tokens")?;
+        let p = int_arg(parents, "parents")?.into_vec("parents")?;
         let tree = match cells {
-            Some(c) => DraftTree::with_cells(t, p, token_arg(c, "cells")?.as_slice().to_vec())?,
+            Some(c) => DraftTree::with_cells(t, p, int_arg(c, "cells")?.into_vec("cells")?)?,
             None => DraftTree::from_parents(t, p)?,
         };
         Ok(tree.into())

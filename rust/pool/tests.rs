@@ -486,3 +486,32 @@ fn request_ids_display_like_python_reprs() {
         format!("'{}...'", "x".repeat(MAX_QUOTED_ID))
     );
 }
+
+#[test]
+fn ten_thousand_requests_cost_what_they_store() {
+    let pool = DraftPool::new(PoolOptions::new(152_000), 1).unwrap();
+    let base = pool.memory_bytes();
+    for i in 0..10_000 {
+        pool.add(RequestId::Int(i), &[]).unwrap();
+    }
+    let empty = (pool.memory_bytes() - base) / 10_000;
+    assert!(empty < 16 * 1024, "an empty request holds {empty} bytes");
+    // Writing rows and indexing a prompt grows a request by about what it stores.
+    let mut seed = 9;
+    let prompt = stream(&mut seed, 200, 1000);
+    let before = pool.memory_bytes();
+    for i in 0..100 {
+        pool.remove(&RequestId::Int(i)).unwrap();
+        pool.add(RequestId::Int(i), &prompt).unwrap();
+    }
+    let stored = (pool.memory_bytes() - before) / 100;
+    let a = {
+        let mut a = Automaton::new(10, 10_000, 2).unwrap();
+        a.extend(&prompt).unwrap();
+        a.memory_bytes()
+    };
+    assert!(
+        stored + empty >= a && stored < a + 16 * 1024,
+        "{stored} vs {a}"
+    );
+}

@@ -128,7 +128,6 @@ def test_a_wrong_batched_row_is_a_mismatch(tiny_model, data_file, tmp_path, caps
     ("extra", "fragment"),
     [
         (["--batch-size", "4"], "--batch-size 4 needs at least 4 questions"),
-        (["--batch-size", "2", "--methods", "tts"], "need a draft model: pass --draft-model"),  # batched now
         (["--batch-size", "2", "--methods", "racer@0"], "capacity must be an int >= 1"),
         (["--batch-size", "0"], "must be >= 1"),
     ],

@@ -29,8 +29,8 @@ from racer_rs import Automaton  # noqa: E402
 from racer_rs.drafters import make_drafter  # noqa: E402
 from racer_rs.drafters.index import INDEX_MAX_NODES, forget_indexes, open_index  # noqa: E402
 from racer_rs.drafters.racer import RacerDrafter, RacerOptions  # noqa: E402
-from racer_rs.target.sampling import SamplingConfig  # noqa: E402
 from racer_rs.errors import CorruptFileError, InvalidArgumentError, InvalidTypeError  # noqa: E402
+from racer_rs.target.sampling import SamplingConfig  # noqa: E402
 from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, random_prompt, tiny_model  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]

@@ -31,8 +31,8 @@ import racer_rs  # noqa: E402
 from racer_rs import optional_deps  # noqa: E402
 from racer_rs.drafters import METHOD_EXTRAS, make_drafter  # noqa: E402
 from racer_rs.drafters.base import RequestStart  # noqa: E402
-from racer_rs.target.sampling import SamplingConfig  # noqa: E402
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, MissingDependencyError  # noqa: E402
+from racer_rs.target.sampling import SamplingConfig  # noqa: E402
 from tests.helpers import FAMILIES, REPEATING_PROMPT, plain_greedy, plain_sampling, random_prompt, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch

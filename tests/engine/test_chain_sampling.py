@@ -39,11 +39,9 @@ pytest.importorskip("transformers")
 from racer_rs import DraftTree  # noqa: E402
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart  # noqa: E402
 from racer_rs.engine import acceptance  # noqa: E402
-from racer_rs.engine.capacity import FixedCapacity  # noqa: E402
-from racer_rs.engine.decode_loop import DecodeLoop, DecodeState, Verification, Verified  # noqa: E402
+from racer_rs.engine.decode_engine import DecodeEngine, DecodeState, Verification, Verified  # noqa: E402
 from racer_rs.target.sampling import SamplingConfig, _inverse_cdf, chain_speculative_sample, process_logits  # noqa: E402
-from racer_rs.target.verifier import TreeVerifier  # noqa: E402
-from tests.helpers import tiny_model  # noqa: E402
+from tests.helpers import run_engine, tiny_model  # noqa: E402
 from tests.stats import chi_square_pvalue  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -236,7 +234,7 @@ class EngineRun:
     calls: list = field(default_factory=list)  # type: ignore[type-arg]
 
 
-class CommitOneDraftTooManyLoop(DecodeLoop):
+class CommitOneDraftTooManyLoop(DecodeEngine):
     """A deliberately wrong engine: commits the first rejected draft as if it were accepted."""
 
     def accept(self, state: DecodeState, verified: Verified) -> Verification:
@@ -246,7 +244,7 @@ class CommitOneDraftTooManyLoop(DecodeLoop):
         return verification
 
 
-def engine_run(monkeypatch: pytest.MonkeyPatch, loop_class: type[DecodeLoop]) -> EngineRun:
+def engine_run(monkeypatch: pytest.MonkeyPatch, loop_class: type[DecodeEngine]) -> EngineRun:
     """Decode 40 tokens with chain drafts, recording every call of the chain rule."""
     model = tiny_model("llama", seed=2, vocab=ENGINE_VOCAB, sharpen=15.0)
     with torch.inference_mode():
@@ -261,12 +259,15 @@ def engine_run(monkeypatch: pytest.MonkeyPatch, loop_class: type[DecodeLoop]) ->
         return decision
 
     monkeypatch.setattr(acceptance, "chain_speculative_sample", spy)
-    verifier = TreeVerifier(model)
-    generator = torch.Generator().manual_seed(5)
-    loop = loop_class(
-        verifier, BigramChainDrafter(table), SamplingConfig(temperature=1.0), FixedCapacity(16), (), generator, None
+    run.state = run_engine(
+        model,
+        BigramChainDrafter(table),
+        SamplingConfig(temperature=1.0),
+        ENGINE_PROMPT,
+        40,
+        seed=5,
+        engine_class=loop_class,
     )
-    run.state = loop.run(np.asarray(ENGINE_PROMPT, dtype=np.int32), max_new_tokens=40)
     return run
 
 
@@ -292,7 +293,7 @@ def check_engine_applies_chain_decisions(run: EngineRun) -> None:
 
 
 def test_engine_feeds_the_chain_rule_and_commits_its_decision(monkeypatch: pytest.MonkeyPatch) -> None:
-    run = engine_run(monkeypatch, DecodeLoop)
+    run = engine_run(monkeypatch, DecodeEngine)
     accepted = Counter(decision[0] for *_, decision in run.calls)
     assert all(accepted[a] > 0 for a in range(DEPTH + 1)), accepted  # decisions at every depth
     check_engine_applies_chain_decisions(run)

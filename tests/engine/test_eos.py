@@ -26,8 +26,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
+from racer_rs.drafters.base import StepOutcome  # noqa: E402
 from racer_rs.engine import generation  # noqa: E402
-from racer_rs.engine.decode_loop import DecodeLoop, DecodeState, Verification  # noqa: E402
+from racer_rs.engine.decode_engine import DecodeEngine, DecodeState, Verification  # noqa: E402
 from racer_rs.target.sampling import SamplingConfig  # noqa: E402
 from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, tiny_llama, tiny_model  # noqa: E402
 
@@ -88,7 +89,8 @@ def interior_first_occurrence(result: racer_rs.GenerationResult) -> tuple[int, i
 
 def find_case(model: torch.nn.Module, prompt: list[int], method: str, sampling: bool, **options: Any) -> EosCase:
     for seed in SEEDS if sampling else [None]:
-        kwargs: dict[str, Any] = {"method": method, "max_new_tokens": NEW_TOKENS, **options}
+        # A fixed capacity: the same tree every run, so the EOS run's steps are the free run's.
+        kwargs: dict[str, Any] = {"method": method, "max_new_tokens": NEW_TOKENS, "capacity": 16, **options}
         if sampling:
             kwargs |= {"temperature": TEMPERATURE, "seed": seed}
         result = racer_rs.generate(model, prompt, **kwargs)
@@ -157,14 +159,14 @@ def test_ar_paths_have_no_interior_and_a_later_eos_still_ends_the_request(sharp:
     assert result.tokens == free.tokens[: index + 1] and result.steps == index + 1
 
 
-class EosOnlyAtTheRootLoop(DecodeLoop):
+class EosOnlyAtTheRootLoop(DecodeEngine):
     """A plausible bug: EOS is looked for only in a step's root, not in the drafted tokens the
     step accepted (the commit ignores it)."""
 
-    def commit(self, state: DecodeState, tree: racer_rs.DraftTree, verification: Verification) -> None:
+    def commit_row(self, state: DecodeState, tree: racer_rs.DraftTree, verification: Verification) -> StepOutcome:
         eos, self.eos = self.eos, np.empty(0, dtype=np.int32)
         try:
-            super().commit(state, tree, verification)
+            return super().commit_row(state, tree, verification)
         finally:
             self.eos = eos
 
@@ -179,7 +181,7 @@ def test_an_engine_missing_mid_path_eos_fails_the_same_check(
     cases += [(target, DRAFT_PROMPT, method, {"draft_model": draft, "canvas": 4}) for method in DRAFT_METHODS]
     found = [(m, p, find_case(m, p, method, sampling, **options)) for m, p, method, options in cases]
     references = [reference_text(m, p, case) for m, p, case in found]
-    monkeypatch.setattr(generation, "DecodeLoop", EosOnlyAtTheRootLoop)
+    monkeypatch.setattr(generation, "DecodeEngine", EosOnlyAtTheRootLoop)
     for (m, p, case), reference in zip(found, references, strict=True):
         with pytest.raises(AssertionError):
             check_eos_ends_the_request_mid_path(m, p, case, reference)

@@ -31,14 +31,13 @@ from racer_rs.autosize.batch_sizer import BatchCosts, best_batch_size, bucket_si
 from racer_rs.autosize.cost_model import CostModel, synthetic_tree  # noqa: E402
 from racer_rs.autosize.sizer import Ranking, best_prefix_size  # noqa: E402
 from racer_rs.drafters.base import Proposal  # noqa: E402
-from racer_rs.engine import batch as batch_engine  # noqa: E402
-from racer_rs.engine.batch import BatchDecodeLoop  # noqa: E402
-from racer_rs.engine.batch_capacity import AutoBatchCapacity  # noqa: E402
+from racer_rs.engine import generation  # noqa: E402
+from racer_rs.engine.capacity import AutoCapacity  # noqa: E402
+from racer_rs.engine.decode_engine import DecodeEngine, DecodeState, Verification, Verified  # noqa: E402
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError  # noqa: E402
 from racer_rs.target.batch_verifier import BatchVerifier  # noqa: E402
-from racer_rs.engine.decode_loop import Verification  # noqa: E402
 from racer_rs.target.sampling import SamplingConfig, process_logits, resample_node  # noqa: E402
 from racer_rs.target.verifier import TreeVerifier  # noqa: E402
-from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError  # noqa: E402
 from tests.helpers import FAMILIES, REPEATING_PROMPT, plain_greedy, plain_sampling, random_prompt, tiny_model  # noqa: E402
 from tests.stats import chi_square_pvalue  # noqa: E402
 
@@ -97,17 +96,16 @@ def test_rows_finish_at_different_steps_with_an_eos_inside_an_accepted_path(monk
     middle of an accepted path (the path is cut after it)."""
     model, eos = _model("llama"), 21
     cut_inside_path = []
-    commit = BatchDecodeLoop.commit
+    commit = DecodeEngine.commit
 
-    def spy(self: BatchDecodeLoop, live: list[int], proposals: Any, verifications: list[Verification]) -> list[int]:
-        before = [self.states[row].length for row in live]
-        still = commit(self, live, proposals, verifications)
-        for row, length, verification in zip(live, before, verifications, strict=True):
-            if self.states[row].finished and len(verification.path) > self.states[row].length - length:
-                cut_inside_path.append(row)
-        return still
+    def spy(self: DecodeEngine, live: list[DecodeState], proposals: Any, verifications: list[Verification]) -> None:
+        before = [state.length for state in live]
+        commit(self, live, proposals, verifications)
+        for state, length, verification in zip(live, before, verifications, strict=True):
+            if state.finished and len(verification.path) > state.length - length:
+                cut_inside_path.append(state.row)
 
-    monkeypatch.setattr(BatchDecodeLoop, "commit", spy)
+    monkeypatch.setattr(DecodeEngine, "commit", spy)
     results = racer_rs.generate_batch(model, PROMPTS, method="racer", max_new_tokens=40, eos_token_id=eos)
     for prompt, result in zip(PROMPTS, results, strict=True):
         plain = _expected("llama", prompt, 40)
@@ -120,7 +118,7 @@ def test_rows_finish_at_different_steps_with_an_eos_inside_an_accepted_path(monk
 def test_a_batch_of_one_equals_generate() -> None:
     model = _model("qwen3")
     for method in BATCH_METHODS:
-        [row] = racer_rs.generate_batch(model, [REPEATING_PROMPT], method=method, max_new_tokens=40)
+        [row] = racer_rs.generate_batch(model, [REPEATING_PROMPT], method=method, max_new_tokens=40, capacity=16)
         alone = racer_rs.generate(model, REPEATING_PROMPT, method=method, max_new_tokens=40, capacity=16)
         assert (row.tokens, row.accepted_lengths, row.positions) == (
             alone.tokens,
@@ -128,7 +126,7 @@ def test_a_batch_of_one_equals_generate() -> None:
             alone.positions,
         )
         sampled = {"temperature": 1.0, "top_p": 0.9, "seed": 3, "max_new_tokens": 40}
-        [row] = racer_rs.generate_batch(model, [REPEATING_PROMPT], method=method, **sampled)
+        [row] = racer_rs.generate_batch(model, [REPEATING_PROMPT], method=method, capacity=16, **sampled)
         alone = racer_rs.generate(model, REPEATING_PROMPT, method=method, capacity=16, **sampled)
         assert (row.tokens, row.accepted_lengths) == (alone.tokens, alone.accepted_lengths)
 
@@ -227,15 +225,14 @@ def exact_first_tokens(model: torch.nn.Module, prompt: list[int]) -> dict[tuple[
     return {(a, b): float(joint[a, b]) for a in range(VOCAB) for b in range(VOCAB) if joint[a, b] > 0}
 
 
-class ResampleAfterMismatchLoop(BatchDecodeLoop):
+class ResampleAfterMismatchLoop(DecodeEngine):
     """The reference code's lossy rule, per row: after a mismatch, a FRESH sample is emitted."""
 
-    def accept(self, live: list[int], proposals: Any, logits: Any, host: Any) -> list[Verification]:
-        verifications = super().accept(live, proposals, logits, host)
-        for index, (row, verification) in enumerate(zip(live, verifications, strict=True)):
-            last = verification.path[-1]
-            verification.bonus = resample_node(logits[index, last], self.sampling, self.generators[row])
-        return verifications
+    def accept(self, state: DecodeState, verified: Verified) -> Verification:
+        verification = super().accept(state, verified)
+        last = verification.path[-1]
+        verification.bonus = resample_node(verified.step.logits[last], self.sampling, state.generator)
+        return verification
 
 
 def _first_tokens(model: torch.nn.Module) -> tuple[list[Counter[tuple[int, ...]]], list[float]]:
@@ -262,7 +259,7 @@ def test_every_row_s_first_tokens_follow_the_exact_distribution(peaky: torch.nn.
 
 
 def test_a_lossy_rule_fails_the_same_test_per_row(peaky: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(batch_engine, "BatchDecodeLoop", ResampleAfterMismatchLoop)
+    monkeypatch.setattr(generation, "DecodeEngine", ResampleAfterMismatchLoop)
     counts, _ = _first_tokens(peaky)
     for row, prompt in enumerate(ROW_PROMPTS):
         assert chi_square_pvalue(counts[row], exact_first_tokens(peaky, prompt), RUNS) < ALPHA, row
@@ -271,7 +268,7 @@ def test_a_lossy_rule_fails_the_same_test_per_row(peaky: torch.nn.Module, monkey
 def test_a_lossy_rule_breaks_equality_with_plain_sampling(monkeypatch: pytest.MonkeyPatch) -> None:
     """The seeded-equality test above can fail."""
     model = tiny_model("llama", seed=1, sharpen=15.0)
-    monkeypatch.setattr(batch_engine, "BatchDecodeLoop", ResampleAfterMismatchLoop)
+    monkeypatch.setattr(generation, "DecodeEngine", ResampleAfterMismatchLoop)
     results = racer_rs.generate_batch(model, PROMPTS, max_new_tokens=40, temperature=1.0, top_p=0.9, seed=5)
     expected = [plain_sampling(model, p, 40, CONFIG, 5 + row) for row, p in enumerate(PROMPTS)]
     assert any(r.tokens != e for r, e in zip(results, expected, strict=True))
@@ -384,7 +381,6 @@ def test_the_mask_blocks_holes_and_isolates_padding_nodes() -> None:
         ([[1], [2]], {"method": "racer", "ngram": 0}, InvalidArgumentError, r"ngram must be >= 1"),
         ([[1], [2]], {"method": "pld", "colour": 1}, InvalidArgumentError, r"unknown option"),
         ([[1], [2]], {"capacity": "auto", "max_capacity": 256}, InvalidArgumentError, r"max_capacity \(256\)"),
-        ([[1], [2]], {"method": "racer", "persistent": True}, UnsupportedError, r"persistent=True is not supported"),
     ],
 )
 def test_bad_input_is_one_clear_error_before_any_work(prompts: Any, options: dict, error: type, message: str) -> None:
@@ -399,10 +395,34 @@ def test_bad_input_is_one_clear_error_before_any_work(prompts: Any, options: dic
     assert not forwards
 
 
-@pytest.mark.parametrize("method", ["draft_model", "tts", "racer_tts"])
-def test_draft_model_methods_are_unsupported_by_name(method: str) -> None:
-    with pytest.raises(UnsupportedError, match=rf"method '{method}' drafts with a draft model"):
-        racer_rs.generate_batch(_model("llama"), [[1, 2], [3]], method=method)
+DRAFT_OPTIONS: dict[str, dict[str, Any]] = {
+    "draft_model": {"canvas": 4},
+    "tts": {"canvas": 4, "update_every": 2, "lr": 1e-2, "asynchronous": False},
+    "racer_tts": {"canvas": 4, "update_every": 2, "lr": 1e-2, "asynchronous": False},
+}
+
+
+@pytest.mark.parametrize("method", list(DRAFT_OPTIONS))
+@pytest.mark.parametrize("max_batch_size", [None, 2])
+def test_draft_model_methods_batch_and_every_row_equals_plain_greedy(method: str, max_batch_size: int | None) -> None:
+    from tests.helpers import tiny_llama
+
+    target, draft = tiny_llama(0), tiny_llama(1)
+    prompts = [random_prompt(seed, length=6 + 3 * seed) for seed in range(3)]
+    results = racer_rs.generate_batch(
+        target,
+        prompts,
+        method=method,
+        max_new_tokens=[20, 14, 24],
+        draft_model=draft,
+        max_batch_size=max_batch_size,
+        capacity=8,
+        **DRAFT_OPTIONS[method],
+    )
+    for prompt, budget, result in zip(prompts, [20, 14, 24], results, strict=True):
+        assert result.error is None
+        assert result.tokens == plain_greedy(target, prompt, budget)
+    assert max(r.mat for r in results) > 1.0  # the draft's tokens were accepted somewhere
 
 
 def test_generate_points_a_batch_to_generate_batch() -> None:
@@ -561,7 +581,9 @@ def test_auto_batches_are_lossless_and_spend_one_budget(forced_cost: Any, method
 def test_auto_cut_fills_every_row_up_to_the_chosen_padded_size(forced_cost: Any) -> None:
     forced_cost(lambda batch: _steep(per_node=0.02))
     model = _model("llama")
-    policy = AutoBatchCapacity(model, "racer", greedy=True, max_capacity=16, rows=3)
+    policy = AutoCapacity(model, "racer", greedy=True, max_capacity=16, max_rows=3)
+    for row in range(3):
+        policy.admit(row)
     trees = [synthetic_tree(n, 96, branching=b) for n, b in [(16, 1), (3, 2), (9, 3)]]
     proposals = [Proposal(tree) for tree in trees]
     cut, choices = policy.cut(proposals, [0, 1, 2], context=40)

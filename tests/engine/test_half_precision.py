@@ -32,8 +32,8 @@ pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
 from racer_rs.engine import generation  # noqa: E402
-from racer_rs.engine.decode_loop import DecodeLoop, DecodeState, Verification, Verified  # noqa: E402
-from racer_rs.target.verifier import TreeVerifier  # noqa: E402
+from racer_rs.engine.decode_engine import DecodeEngine, DecodeState, Verification, Verified  # noqa: E402
+from racer_rs.target.batch_verifier import BatchVerifier  # noqa: E402
 from tests.helpers import FAMILIES, REPEATING_PROMPT, random_prompt, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -86,7 +86,8 @@ def divergences(model: torch.nn.Module, prompt: list[int], tokens: list[int]) ->
 
 def check_parts_only_at_near_ties(model: torch.nn.Module, prompt: list[int], method: str) -> racer_rs.GenerationResult:
     """Generate greedily with ``method``; every divergence from the plain loop must be a near-tie."""
-    result = racer_rs.generate(model, prompt, method=method, max_new_tokens=NEW_TOKENS)
+    # A fixed capacity: trees are verified in half precision whatever auto would choose here.
+    result = racer_rs.generate(model, prompt, method=method, max_new_tokens=NEW_TOKENS, capacity=16)
     assert len(result.tokens) == NEW_TOKENS
     found = divergences(model, prompt, result.tokens)
     assert all(gap <= tol for _, gap, tol in found), (method, found)
@@ -133,19 +134,19 @@ def test_near_ties_occur_so_the_tolerance_matters(dtype: torch.dtype) -> None:
 # Counterparts: real errors are rejected -----------------------------------------------------
 
 
-class PerturbedVerifier(TreeVerifier):
+class PerturbedVerifier(BatchVerifier):
     """A verifier whose tree logits are off by up to ``32 * eps * M`` (seeded noise): errors up
     to 8 times the tolerance, as a kernel or mask bug well beyond rounding would make."""
 
-    def forward_tree(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        logits = super().forward_tree(*args, **kwargs)
-        generator = torch.Generator().manual_seed(int(logits.shape[0]) * 7919 + int(self.length))
+    def forward_trees(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        logits = super().forward_trees(*args, **kwargs)
+        generator = torch.Generator().manual_seed(int(logits.shape[1]) * 7919 + int(self.physical))
         noise = torch.rand(logits.shape, generator=generator) * 2 - 1
         scale = 32 * torch.finfo(logits.dtype).eps * logits.abs().amax(dim=-1, keepdim=True).float()
         return (logits.float() + noise * scale).to(logits.dtype)
 
 
-class AcceptsOneWrongDraftLoop(DecodeLoop):
+class AcceptsOneWrongDraftLoop(DecodeEngine):
     """A loop that once accepts a drafted child of the root that is not the target's argmax."""
 
     corrupted = False
@@ -165,23 +166,23 @@ class AcceptsOneWrongDraftLoop(DecodeLoop):
 def test_a_verifier_off_by_more_than_rounding_fails_the_same_check(
     dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(generation, "TreeVerifier", PerturbedVerifier)
+    monkeypatch.setattr(generation, "BatchVerifier", PerturbedVerifier)
     model = half_model("llama", dtype)
     for prompt in PROMPTS.values():
         with pytest.raises(AssertionError):
             check_parts_only_at_near_ties(model, prompt, "racer")
-        tokens = racer_rs.generate(model, prompt, method="racer", max_new_tokens=NEW_TOKENS).tokens
+        tokens = racer_rs.generate(model, prompt, method="racer", max_new_tokens=NEW_TOKENS, capacity=16).tokens
         assert any(gap > 2 * tol for _, gap, tol in divergences(model, prompt, tokens))  # rejected clearly
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bfloat16", "float16"])
 def test_a_wrongly_accepted_draft_fails_the_same_check(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(generation, "DecodeLoop", AcceptsOneWrongDraftLoop)
+    monkeypatch.setattr(generation, "DecodeEngine", AcceptsOneWrongDraftLoop)
     monkeypatch.setattr(AcceptsOneWrongDraftLoop, "corrupted", False)
     model = half_model("llama", dtype)
     with pytest.raises(AssertionError):
         check_parts_only_at_near_ties(model, REPEATING_PROMPT, "racer")
     assert AcceptsOneWrongDraftLoop.corrupted
     AcceptsOneWrongDraftLoop.corrupted = False
-    tokens = racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=NEW_TOKENS).tokens
+    tokens = racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=NEW_TOKENS, capacity=16).tokens
     assert any(gap > 4 * tol for _, gap, tol in divergences(model, REPEATING_PROMPT, tokens))  # clearly

@@ -31,8 +31,7 @@ import racer_rs  # noqa: E402
 from racer_rs import DraftTree  # noqa: E402
 from racer_rs.drafters import make_drafter  # noqa: E402
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart  # noqa: E402
-from racer_rs.engine.capacity import FixedCapacity  # noqa: E402
-from racer_rs.engine.decode_loop import DecodeLoop, DecodeState, Verification, Verified  # noqa: E402
+from racer_rs.engine.decode_engine import DecodeEngine, DecodeState, Verification, Verified  # noqa: E402
 from racer_rs.target.sampling import (  # noqa: E402
     CANDIDATES,
     SamplingConfig,
@@ -41,8 +40,7 @@ from racer_rs.target.sampling import (  # noqa: E402
     sample_nodes,
     sample_position,
 )
-from racer_rs.target.verifier import TreeVerifier  # noqa: E402
-from tests.helpers import REPEATING_PROMPT, plain_sampling, tiny_model  # noqa: E402
+from tests.helpers import REPEATING_PROMPT, plain_sampling, run_engine, tiny_model  # noqa: E402
 from tests.stats import chi_square_pvalue  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -78,28 +76,25 @@ def exact(model: torch.nn.Module) -> dict[tuple[int, ...], float]:
 
 
 def run_loop(
-    model: torch.nn.Module, drafter: Drafter, runs: int, loop_class: type[DecodeLoop] = DecodeLoop
+    model: torch.nn.Module, drafter: Drafter, runs: int, loop_class: type[DecodeEngine] = DecodeEngine
 ) -> tuple[Counter[tuple[int, ...]], float]:
     """First tokens of ``runs`` seeded requests, and the fraction of drafted tokens accepted."""
-    verifier = TreeVerifier(model)
     counts: Counter[tuple[int, ...]] = Counter()
     multi = 0
     for seed in range(runs):
-        generator = torch.Generator().manual_seed(seed)
-        loop = loop_class(verifier, drafter, CONFIG, FixedCapacity(16), (), generator, None)
-        state = loop.run(np.asarray(PROMPT, dtype=np.int32), max_new_tokens=FIRST + 1)
+        state = run_engine(model, drafter, CONFIG, PROMPT, FIRST + 1, seed=seed, engine_class=loop_class)
         counts[tuple(state.context[len(PROMPT) : len(PROMPT) + FIRST].tolist())] += 1
         multi += state.accepted_lengths[0] > 1
     return counts, multi / runs
 
 
-class ResampleAfterMismatchLoop(DecodeLoop):
+class ResampleAfterMismatchLoop(DecodeEngine):
     """The reference code's lossy rule: after a mismatch, emit a FRESH sample, not the mismatching one."""
 
     def accept(self, state: DecodeState, verified: Verified) -> Verification:
         verification = super().accept(state, verified)
         last = verification.path[-1]
-        verification.bonus = resample_node(verified.step.logits[last], self.sampling, self.generator)
+        verification.bonus = resample_node(verified.step.logits[last], self.sampling, state.generator)
         return verification
 
 
@@ -154,7 +149,7 @@ def test_a_lossy_walk_breaks_equality_with_plain_sampling(monkeypatch: pytest.Mo
 
     model = tiny_model("llama", seed=1, sharpen=15.0)
     config = SamplingConfig(temperature=1.0, top_p=0.9)
-    monkeypatch.setattr(generation, "DecodeLoop", ResampleAfterMismatchLoop)
+    monkeypatch.setattr(generation, "DecodeEngine", ResampleAfterMismatchLoop)
     differs = []
     for seed in range(3):
         expected = plain_sampling(model, REPEATING_PROMPT, 40, config, seed)

@@ -12,11 +12,11 @@ from transformers import DynamicCache  # noqa: E402
 
 from racer_rs import DraftTree  # noqa: E402
 from racer_rs.drafters import make_drafter  # noqa: E402
-from racer_rs.engine.capacity import FixedCapacity  # noqa: E402
-from racer_rs.engine.decode_loop import DecodeLoop  # noqa: E402
+from racer_rs.engine.decode_engine import Request  # noqa: E402
+from racer_rs.target.batch_verifier import BatchVerifier  # noqa: E402
 from racer_rs.target.sampling import SamplingConfig  # noqa: E402
 from racer_rs.target.verifier import TreeVerifier  # noqa: E402
-from tests.helpers import FAMILIES, REPEATING_PROMPT, random_prompt, tiny_model  # noqa: E402
+from tests.helpers import FAMILIES, REPEATING_PROMPT, one_row_engine, random_prompt, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -116,7 +116,7 @@ def test_kv_compaction_check_detects_a_wrong_gather() -> None:
         _assert_cache_equal(verifier.cache, expected)
 
 
-class SwappingVerifier(TreeVerifier):
+class SwappingVerifier(BatchVerifier):
     """A deliberately wrong compaction: from its ``fail_at``-th commit of three or more rows on,
     the last two accepted rows are gathered in swapped order."""
 
@@ -125,27 +125,26 @@ class SwappingVerifier(TreeVerifier):
         self.fail_at = fail_at
         self.long_commits = 0
 
-    def commit(self, path: np.ndarray) -> None:
-        if len(path) >= 3:
+    def commit(self, paths: list[np.ndarray | None]) -> None:  # type: ignore[override]
+        path = paths[0]
+        if path is not None and len(path) >= 3:
             self.long_commits += 1
             if self.long_commits >= self.fail_at:
-                path = np.concatenate([path[:-2], path[-1:], path[-2:-1]])
-        super().commit(path)
+                paths = [np.concatenate([path[:-2], path[-1:], path[-2:-1]])]
+        super().commit(paths)
 
 
 def decode_checking_the_cache(
-    model: torch.nn.Module, verifier: TreeVerifier, temperature: float, new_tokens: int = 80
+    model: torch.nn.Module, verifier: BatchVerifier, temperature: float, new_tokens: int = 80
 ) -> int:
-    """Decode with RACER, comparing the KV cache with a fresh forward of the committed
-    context after every step; returns the number of steps that gathered drafted rows."""
+    """Decode with RACER through the engine, comparing the KV cache with a fresh forward of the
+    committed context after every step; returns the number of steps that gathered drafted rows."""
     drafter = make_drafter("racer", model)
-    generator = torch.Generator().manual_seed(0)
-    loop = DecodeLoop(
-        verifier, drafter, SamplingConfig(temperature=temperature), FixedCapacity(16), (), generator, None
-    )
-    state = loop.prefill(np.asarray(REPEATING_PROMPT, dtype=np.int32), max_new_tokens=new_tokens)
-    while not state.finished:
-        loop.step(state)
+    engine, _ = one_row_engine(model, drafter, SamplingConfig(temperature=temperature), verifier=verifier)
+    engine.admit([Request(0, np.asarray(REPEATING_PROMPT, dtype=np.int32), new_tokens, seed=0)])
+    state = engine.live[0]
+    while engine.live:
+        engine.step()
         if not state.finished:  # the finishing step commits nothing to the cache
             _, expected = _fresh_forward(model, state.context[: state.length].tolist())
             _assert_cache_equal(verifier.cache, expected)
@@ -156,7 +155,7 @@ def decode_checking_the_cache(
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_cache_after_every_decode_step_equals_fresh_forward(family: str, temperature: float) -> None:
     model = tiny_model(family, seed=2, sharpen=4.0)
-    multi_token_steps = decode_checking_the_cache(model, TreeVerifier(model), temperature)
+    multi_token_steps = decode_checking_the_cache(model, BatchVerifier(model), temperature)
     assert multi_token_steps >= 8  # many steps really gathered drafted rows
 
 

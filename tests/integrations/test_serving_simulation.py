@@ -34,10 +34,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from racer_rs import optional_deps  # noqa: E402
-from racer_rs.target.verifier import TreeVerifier  # noqa: E402
 from racer_rs.integrations.options import ServingOptions  # noqa: E402
 from racer_rs.integrations.sglang import RacerCorpus, _wrap_target_worker, feed_verify_result  # noqa: E402
 from racer_rs.integrations.vllm import RacerProposer  # noqa: E402
+from racer_rs.target.verifier import TreeVerifier  # noqa: E402
 from tests.helpers import REPEATING_PROMPT, VOCAB, plain_greedy, random_prompt, tiny_model  # noqa: E402
 from tests.integrations.engine_reference import sglang_links, verify_tree_greedy, vllm_draft_bound  # noqa: E402
 

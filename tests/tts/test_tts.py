@@ -15,7 +15,7 @@ import racer_rs  # noqa: E402
 from racer_rs.drafters.racer_tts import RacerTTSDrafter, chain_nodes  # noqa: E402
 from racer_rs.drafters.tts import TTSDrafter  # noqa: E402
 from racer_rs.engine import generation  # noqa: E402
-from racer_rs.engine.decode_loop import DecodeLoop  # noqa: E402
+from racer_rs.engine.decode_engine import DecodeEngine  # noqa: E402
 from racer_rs.target.sampling import SamplingConfig, resample_node  # noqa: E402
 from racer_rs.tts.online_loss import (  # noqa: E402
     Canvas,
@@ -449,13 +449,13 @@ def test_racer_tts_greedy_output_equals_plain_greedy(pair, options: dict) -> Non
             assert result.extras["tts_updates"] > 0
 
 
-class ResampleAfterMismatchLoop(DecodeLoop):
+class ResampleAfterMismatchLoop(DecodeEngine):
     """A lossy walk: after a mismatch, emit a fresh sample instead of the mismatching one."""
 
     def accept(self, state, verified):  # type: ignore[no-untyped-def]
         verification = super().accept(state, verified)
         last = verification.path[-1]
-        verification.bonus = resample_node(verified.step.logits[last], self.sampling, self.generator)
+        verification.bonus = resample_node(verified.step.logits[last], self.sampling, state.generator)
         return verification
 
 
@@ -496,7 +496,7 @@ def test_racer_tts_sampling_equals_plain_sampling(pair) -> None:  # type: ignore
 def test_racer_tts_sampling_with_a_lossy_walk_fails_the_same_check(  # type: ignore[no-untyped-def]
     pair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(generation, "DecodeLoop", ResampleAfterMismatchLoop)
+    monkeypatch.setattr(generation, "DecodeEngine", ResampleAfterMismatchLoop)
     assert not all(racer_tts_sampled_equals_plain_sampling(pair))
 
 

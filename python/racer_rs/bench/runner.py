@@ -533,9 +533,9 @@ def _verified_nodes(result: Any) -> int:
 
 def _device_synchronizer(model: Any) -> Callable[[], None]:
     """Return a function that waits for queued GPU work (a no-op on the CPU)."""
+    device = getattr(model, "device", None)
+    if getattr(device, "type", "cpu") != "cuda":
+        return lambda: None  # the CPU, or no model: nothing to wait for, and no torch needed
     import torch
 
-    device = getattr(model, "device", torch.device("cpu"))
-    if getattr(device, "type", "cpu") == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
+    return lambda: torch.cuda.synchronize(device)

@@ -35,8 +35,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--capacity",
         type=common.capacity,
-        default=64,
-        help="draft tree nodes, or auto (each step's size from this device's measured cost) (default: 64)",
+        default="auto",
+        help="draft tree nodes, or auto (each step's size from this device's measured cost) (default: auto)",
     )
     parser.add_argument(
         "--max-capacity", type=common.positive_int, default=64, help="largest tree --capacity auto verifies"

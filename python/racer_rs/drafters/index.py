@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from racer_rs import _validate as rules
+from racer_rs._io import file_identity
 from racer_rs._native import Automaton
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
@@ -75,8 +76,9 @@ _REGISTRY_LOCK = threading.Lock()
 # (method, ngram, min_depth, max_nodes). Models that cannot be weakly referenced share _NO_MODEL's.
 _MEMORY: weakref.WeakKeyDictionary[Any, dict[tuple[str, int, int, int], Automaton]] = weakref.WeakKeyDictionary()
 _NO_MODEL: dict[tuple[str, int, int, int], Automaton] = {}
-# A path, index_scope="process": (resolved path, size, mtime_ns) -> the loaded automaton.
-_FILES: dict[tuple[str, int, int], Automaton] = {}
+# A path, index_scope="process": (resolved path, *file_identity) -> the loaded automaton (size,
+# mtime, ctime, inode and device: a replaced file is reloaded even with its old mtime restored).
+_FILES: dict[tuple[str | int, ...], Automaton] = {}
 
 
 def check_index(value: Any) -> Any:
@@ -204,7 +206,7 @@ def _memory_index(model: Any, key: tuple[str, int, int, int]) -> Automaton:
 def _file_index(path: str, *, shared: bool) -> Automaton:
     location = Path(path).expanduser()
     try:
-        status = location.stat()
+        identity = file_identity(location)
     except FileNotFoundError:
         raise InvalidArgumentError(f"index: file not found: {path}") from None
     except OSError as exc:
@@ -213,7 +215,7 @@ def _file_index(path: str, *, shared: bool) -> Automaton:
         raise InvalidArgumentError(f"index: {path} is a folder, not an index file (made by racer index build)")
     if not shared:
         return _load(location, path)
-    key = (str(location.resolve()), status.st_size, status.st_mtime_ns)
+    key: tuple[str | int, ...] = (str(location.resolve()), *identity)
     with _REGISTRY_LOCK:  # one load per file, even when threads ask at once
         automaton = _FILES.get(key)
         if automaton is None:

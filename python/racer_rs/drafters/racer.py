@@ -27,16 +27,17 @@ cells. The request's own automaton stays per request.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from racer_rs import _validate as rules
-from racer_rs._native import Automaton, LogitsTable, build_draft_tree
+from racer_rs._native import Automaton, DraftPool, LogitsTable, build_draft_tree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
 from racer_rs.drafters.index import LEARNS_INTO_INDEX, READ_ONLY_INDEX, SCOPES, SharedIndex, check_index, open_index
-from racer_rs.errors import InvalidArgumentError
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 
 
 @dataclass(frozen=True)
@@ -102,10 +103,25 @@ class RacerOptions:
             if self.index is None:
                 raise InvalidArgumentError("index_max_nodes needs index='memory'")
         rules.choice("index_scope", self.index_scope, SCOPES)
+        # Every combination the core refuses (ngram beyond 64, max_nodes beyond the node ids or
+        # below one window's substrings, min_depth above ngram), now rather than at the first
+        # request: an empty DraftPool checks the same settings without allocating.
+        DraftPool(
+            1,
+            ngram=self.ngram,
+            max_nodes=self.max_nodes,
+            breadth=self.breadth,
+            min_depth=self.min_depth,
+            exempt_depth=self.exempt_depth,
+            min_score=self.min_score,
+        )
 
     @classmethod
     def for_method(cls, method: str, options: dict[str, Any]) -> RacerOptions:
         """The options ``method`` was given; any option the method does not take is an error."""
+        rules.choice("method", method, tuple(METHOD_OPTIONS))
+        if not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options):
+            raise InvalidTypeError(f"options must be a mapping of option names, got {type(options).__name__}")
         accepted = METHOD_OPTIONS[method]
         unknown = sorted(set(options) - set(accepted))
         if unknown:

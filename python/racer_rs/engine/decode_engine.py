@@ -277,6 +277,7 @@ class DecodeEngine:
         self._finished_rows: list[DecodeState] = []  # finished, not yet handed to on_finish
         self.steps = 0
         self.peak_rows = 0
+        self.requests = 0  # requests of the whole run
 
     # --- admission ----------------------------------------------------------------------------
 
@@ -603,6 +604,7 @@ class DecodeEngine:
     def run(self, requests: Sequence[Request]) -> None:
         """Decode every request; each finished row goes to ``on_finish`` as it ends."""
         waiting = deque(requests)
+        self.requests = len(requests)
         ended: set[int] = set()
         try:
             while waiting or self.live:

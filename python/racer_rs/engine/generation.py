@@ -418,6 +418,7 @@ def assemble_result(
         extras["first_token_s"] = state.first_token_at - started if state.first_token_at else None
         verifier = engine.verifier
         extras["batch"] = {
+            "size": engine.requests,
             "max_batch_size": engine.max_rows,
             "peak_rows": engine.peak_rows,
             "row": request.index,

@@ -8,17 +8,21 @@ from typing import Any
 
 import numpy as np
 
+from racer_rs import _validate as rules
+
 #: Largest token id + 1 the Rust core stores.
 _INT32_LIMIT = 2**31
 
 
-def int64_tokens(values: Any) -> np.ndarray:
-    """``values`` (a list, an ``array.array`` slice, a numpy array) as a 1-D ``int64`` array.
+def int64_tokens(values: Any, name: str = "tokens") -> np.ndarray:
+    """``values`` (a list, an ``array.array`` slice, a numpy array) as a 1-D ``int64`` array,
+    by the package's one rule for ids (:func:`racer_rs._validate.id_array`: ints only, never a
+    float or a bool; the range is the caller's business).
 
     Callers pass slices: an ``array.array`` slice is a copy, so no buffer of the engine's own
     (growing) arrays is held, which would stop them from being resized.
     """
-    return np.asarray(values, dtype=np.int64).reshape(-1)
+    return rules.id_array(name, values)
 
 
 def in_vocab(tokens: np.ndarray, vocab_size: int) -> bool:

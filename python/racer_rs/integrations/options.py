@@ -21,9 +21,23 @@ from typing import Any
 from racer_rs import _validate as rules
 from racer_rs._native import DraftPool
 from racer_rs.drafters.racer import RacerOptions
-from racer_rs.errors import InvalidArgumentError, RacerError
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError, RacerError
 
 __all__ = ["ENV_VAR", "ServingOptions"]
+
+
+class _RepeatedKeyError(Exception):
+    """A key given twice in the JSON object (json keeps the last one silently)."""
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in values:
+            raise _RepeatedKeyError(key)
+        values[key] = value
+    return values
+
 
 #: The environment variable both integrations read their settings from.
 ENV_VAR = "RACER_RS_OPTIONS"
@@ -63,6 +77,8 @@ class ServingOptions:
     log_every: int = 2000
 
     def __post_init__(self) -> None:
+        if not isinstance(self.racer, RacerOptions):
+            raise InvalidTypeError(f"racer must be a RacerOptions, got {type(self.racer).__name__}")
         if self.racer.persistent:
             raise InvalidArgumentError("racer.persistent is not supported in a serving engine (per-request state)")
         rules.choice("tree", self.tree, ("halving", "scored"))
@@ -74,10 +90,15 @@ class ServingOptions:
         if self.vocab_size is not None:
             rules.integer("vocab_size", self.vocab_size, minimum=1, maximum=rules.MAX_TOKEN_ID)
         rules.integer("log_every", self.log_every, minimum=0)
+        # Every combination of values, checked as the engine will use them (the token id range
+        # of the model is known later: 1 stands for it, unless vocab_size is set).
+        self.pool(self.vocab_size or 1)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServingOptions:
         """The options from a flat mapping (RACER's options and this record's fields by name)."""
+        if not isinstance(values, Mapping) or not all(isinstance(key, str) for key in values):
+            raise InvalidTypeError(f"the options must be a mapping of option names, got {type(values).__name__}")
         own = {f.name for f in dataclasses.fields(cls)} - {"racer"}
         unknown = sorted(set(values) - own - set(_RACER_KEYS))
         if unknown:
@@ -94,19 +115,38 @@ class ServingOptions:
             InvalidArgumentError: one line naming the variable, if it is not a JSON object of
                 known options with valid values.
         """
-        text = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
+        if environ is not None and not isinstance(environ, Mapping):
+            raise InvalidTypeError(f"environ must be a mapping (like os.environ), got {type(environ).__name__}")
+        text = (os.environ if environ is None else environ).get(ENV_VAR, "")
+        if not isinstance(text, str):
+            raise InvalidTypeError(f"{ENV_VAR} must be a str, got {type(text).__name__}")
+        text = text.strip()
         if not text:
             return cls()
         try:
-            values = json.loads(text)
+            values = json.loads(text, object_pairs_hook=_no_repeated_keys)
         except json.JSONDecodeError as exc:
             raise InvalidArgumentError(f"{ENV_VAR} must be a JSON object: {exc}") from None
+        except _RepeatedKeyError as exc:
+            raise InvalidArgumentError(f"{ENV_VAR}: option {exc} is given twice") from None
         if not isinstance(values, dict):
             raise InvalidArgumentError(f"{ENV_VAR} must be a JSON object, got {type(values).__name__}")
         try:
             return cls.from_mapping(values)
         except (RacerError, TypeError) as exc:
             raise InvalidArgumentError(f"{ENV_VAR}: {exc}") from None
+
+    def check(self, vocab_size: int) -> None:
+        """Check these options against the model's token id range ``vocab_size`` (the engine's
+        start-up hook, once the model config is known).
+
+        Raises:
+            InvalidArgumentError: one line naming ``RACER_RS_OPTIONS`` and the key at fault.
+        """
+        try:
+            self.pool(vocab_size)
+        except RacerError as exc:
+            raise InvalidArgumentError(f"{ENV_VAR} (for a vocabulary of {vocab_size} ids): {exc}") from None
 
     def pool(self, vocab_size: int, *, use_logits: bool | None = None) -> DraftPool:
         """An empty :class:`racer_rs.DraftPool` drafting with these options.

@@ -43,8 +43,9 @@ from typing import Any
 
 import numpy as np
 
+from racer_rs import _validate as rules
 from racer_rs import optional_deps
-from racer_rs.errors import InvalidArgumentError, RacerError, StateError, UnsupportedError
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError, RacerError, StateError, UnsupportedError
 from racer_rs.integrations._shared import copy_logit_order, in_vocab, int64_tokens, topk_rows
 from racer_rs.integrations.options import ServingOptions
 
@@ -101,9 +102,9 @@ def _window(prompt: Any, output: Any, start: int, stop: int) -> np.ndarray:
     cut = len(prompt)
     parts = []
     if start < cut:
-        parts.append(int64_tokens(prompt[start : min(stop, cut)]))
+        parts.append(int64_tokens(prompt[start : min(stop, cut)], "prompt_ids"))
     if stop > cut:
-        parts.append(int64_tokens(output[max(start - cut, 0) : stop - cut]))
+        parts.append(int64_tokens(output[max(start - cut, 0) : stop - cut], "output_ids"))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
@@ -137,8 +138,10 @@ class RacerCorpus:
     """
 
     def __init__(self, draft_token_num: int, vocab_size: int, options: ServingOptions | None = None) -> None:
-        if not 1 <= draft_token_num <= MAX_DRAFT_TOKENS:
-            raise InvalidArgumentError(f"draft_token_num must be in 1..{MAX_DRAFT_TOKENS}, got {draft_token_num}")
+        draft_token_num = rules.integer("draft_token_num", draft_token_num, minimum=1, maximum=MAX_DRAFT_TOKENS)
+        vocab_size = rules.integer("vocab_size", vocab_size, minimum=1, maximum=rules.MAX_TOKEN_ID)
+        if options is not None and not isinstance(options, ServingOptions):
+            raise InvalidTypeError(f"options must be a ServingOptions or None, got {type(options).__name__}")
         self.options = ServingOptions.from_env() if options is None else options
         self.draft_token_num = draft_token_num
         self.pool = self.options.pool(vocab_size)
@@ -290,12 +293,13 @@ class RacerCorpus:
             )
         tails = []
         for i, (rid, given, total) in enumerate(zip(req_ids, batch_tokens, total_lens, strict=True)):
-            array = int64_tokens(given)
+            array = int64_tokens(given, f"batch_tokens[{i}] ({rid!r})")
             if not len(array):
                 raise InvalidArgumentError(f"batch_tokens[{i}] ({rid!r}): empty token tail")
-            if int(total) < len(array):
+            total = rules.integer(f"total_lens[{i}] ({rid!r})", total, minimum=1)
+            if total < len(array):
                 raise InvalidArgumentError(f"total_lens[{i}] ({rid!r}): {total} is shorter than its tail")
-            self._sync_tail(rid, array, int(total))
+            self._sync_tail(rid, array, total)
             tails.append(array)
         tokens = np.zeros((bs, n), dtype=np.int64)
         mask = np.empty((bs, n, n), dtype=bool)
@@ -571,7 +575,9 @@ def worker_class() -> type:
             def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
                 super().__init__(server_args, gpu_id, nccl_port, target_worker)
                 vocab_size = int(self.model_runner.model_config.vocab_size)
-                corpus = RacerCorpus(int(self.draft_token_num), vocab_size, ServingOptions.from_env())
+                options = ServingOptions.from_env()
+                options.check(vocab_size)  # the options against the model, naming the variable
+                corpus = RacerCorpus(int(self.draft_token_num), vocab_size, options)
                 self.ngram_corpus = corpus
                 self._racer_verify_topk: tuple[Any, Any] | None = None
                 if corpus.pool.use_logits:

@@ -119,6 +119,8 @@ class RacerProposer:
         #: vLLM's ``max_model_len`` (``None`` when the config has no model config).
         self.max_model_len: int | None = int(length) if length is not None else None
         self.vocab_size: int | None = self.options.vocab_size or _config_vocab(model_config)
+        if self.vocab_size is not None:
+            self.options.check(self.vocab_size)  # at start-up, naming RACER_RS_OPTIONS
         #: Nodes of the tree each chain is taken from.
         self.capacity = self.options.capacity or max(16, 2 * k + 1)
         self._pool: DraftPool | None = None

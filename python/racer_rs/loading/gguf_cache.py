@@ -38,11 +38,11 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from racer_rs._io import file_digest, write_text_atomically
+from racer_rs._io import file_digest, file_identity, file_lock, retry_while_in_use, write_text_atomically
 
 CACHE_ENV = "RACER_RS_CACHE"
 #: Bumped whenever an entry's layout changes; entries of another format are rebuilt.
@@ -68,12 +68,6 @@ def cache_root() -> Path:
 
 
 # --- verified stamps ----------------------------------------------------------------------
-
-
-def file_identity(path: Path) -> tuple[int, ...]:
-    """What changes whenever a file's content may have changed: size, mtime, ctime, inode, device."""
-    stat = path.stat()
-    return (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev)
 
 
 def stamp_matches(stamp: Path, files: Mapping[str, Path], digest: str) -> bool:
@@ -240,7 +234,7 @@ def converted_checkpoint(
     if is_valid_entry(entry, digest):
         return entry
     entry.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(entry.with_name(entry.name + ".lock")):
+    with file_lock(entry.with_name(entry.name + ".lock")):
         if is_valid_entry(entry, digest):  # another process finished it while we waited
             return entry
         for leftover in entry.parent.glob(f".{entry.name}.tmp-*"):
@@ -266,9 +260,9 @@ def _replace(entry: Path, new: Path) -> None:
     """Rename ``new`` to ``entry``, first moving an existing (invalid) ``entry`` aside."""
     if entry.exists():
         stale = entry.with_name(f".{entry.name}.tmp-stale-{os.getpid()}")
-        entry.rename(stale)
+        retry_while_in_use(lambda: entry.rename(stale))
         shutil.rmtree(stale, ignore_errors=True)
-    new.rename(entry)
+    retry_while_in_use(lambda: new.rename(entry))
 
 
 def _write_manifest(folder: Path, gguf_path: Path, digest: str) -> None:
@@ -277,7 +271,7 @@ def _write_manifest(folder: Path, gguf_path: Path, digest: str) -> None:
         if path.is_file():
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
-            files[str(path.relative_to(folder))] = {"size": path.stat().st_size, "sha256": file_digest(path)}
+            files[path.relative_to(folder).as_posix()] = {"size": path.stat().st_size, "sha256": file_digest(path)}
     manifest = {
         "format": FORMAT,
         "source": {"path": str(gguf_path), "size": gguf_path.stat().st_size, "sha256": digest},
@@ -287,22 +281,6 @@ def _write_manifest(folder: Path, gguf_path: Path, digest: str) -> None:
     target.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     with open(target, "rb") as handle:
         os.fsync(handle.fileno())
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (POSIX ``flock``; elsewhere the rename alone protects)."""
-    with open(path, "a+b") as handle:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
-            yield
-            return
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def convert_gguf(gguf_path: Path, folder: Path) -> None:

@@ -28,11 +28,10 @@ import importlib.util
 import json
 import os
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from racer_rs._io import _CHUNK, staged_file, write_text_atomically
+from racer_rs._io import _CHUNK, file_lock, replace, staged_file, sync_folder, write_text_atomically
 from racer_rs.errors import CorruptFileError, MissingDependencyError
 
 #: Bumped whenever the assembled file's manifest changes layout; others are rebuilt.
@@ -169,14 +168,14 @@ def assembled_gguf(
         CorruptFileError: a part has the wrong size or content (the message names the part and
             its position); nothing is written into place.
     """
-    from racer_rs.loading.gguf_cache import _locked, write_stamp
+    from racer_rs.loading.gguf_cache import write_stamp
 
     target = assembled_path(preset, root)
     if is_assembled(preset, root):
         return target
     paths = locate_parts(name, preset)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.with_name(target.name + ".lock")):
+    with file_lock(target.with_name(target.name + ".lock")):
         if is_assembled(preset, root):  # another process assembled it while we waited
             return target
         for leftover in target.parent.glob(f".{target.name}-*.tmp"):
@@ -184,8 +183,8 @@ def assembled_gguf(
         _manifest_path(target).unlink(missing_ok=True)  # the file about to be replaced is invalid
         with staged_file(target.parent, f".{target.name}-") as staging:
             _concatenate(name, preset, paths, staging, progress)
-            os.replace(staging, target)
-        _sync_folder(target.parent)
+            replace(staging, target)
+        sync_folder(target.parent)
         manifest = {
             "format": FORMAT,
             "size": preset.size,
@@ -233,13 +232,3 @@ def _concatenate(
         os.fsync(out.fileno())
     if whole.hexdigest() != preset.sha256:  # only if the preset itself is inconsistent
         raise CorruptFileError(f"model {name}: the assembled file's SHA-256 does not match the preset's")
-
-
-def _sync_folder(folder: Path) -> None:
-    """Persist a rename (POSIX; elsewhere a no-op)."""
-    with suppress(OSError, AttributeError):
-        handle = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(handle)
-        finally:
-            os.close(handle)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from racer_rs._io import file_digest, staged_file, write_text_atomically
+from racer_rs._io import file_digest, replace, staged_file, write_text_atomically
 from racer_rs.errors import InvalidArgumentError
 from racer_rs.selfdraft.model import self_draft
 
@@ -120,7 +120,7 @@ def save_self_draft(
         save_file(tensors, str(temporary))
         digest = file_digest(temporary)
         weights = folder / f"draft-{digest[:16]}.safetensors"
-        os.replace(temporary, weights)
+        replace(temporary, weights)
     manifest = {
         "format": FORMAT,
         "version": VERSION,

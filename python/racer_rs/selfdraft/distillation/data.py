@@ -12,7 +12,6 @@ Shards are written through a temporary file and a rename, so a shard on disk is 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 import torch
 
-from racer_rs._io import staged_file
+from racer_rs._io import replace, staged_file
 
 HEAD_CHUNK = 256  # prompt positions per LM-head call (bounds the [rows, vocabulary] logits)
 
@@ -209,7 +208,7 @@ def save_atomic(obj: Any, path: Path) -> None:
     """``torch.save`` through a temporary file and a rename (a reader never sees half a file)."""
     with staged_file(path.parent, f".{path.name}-") as temporary:
         torch.save(obj, temporary)
-        os.replace(temporary, path)
+        replace(temporary, path)
 
 
 def token_mass(shards: Sequence[Shard], vocab_size: int) -> torch.Tensor:
