@@ -38,6 +38,8 @@ from racer_rs.bench.runner import (
     Record,
     Setting,
 )
+from racer_rs.bench.serving import ServingBenchmark, ServingResult
+from racer_rs.bench.serving import summarise as summarise_serving
 from racer_rs.bench.stats import DISTURBED_RATIO, Estimate
 from racer_rs.errors import InvalidArgumentError
 
@@ -53,6 +55,7 @@ __all__ = [
     "method_runner",
     "reproduce_command",
     "run_methods",
+    "run_serving",
     "safe_div",
     "timing_totals",
 ]
@@ -196,6 +199,68 @@ def run_methods(
     runner.build_drafters()  # a bad option fails before any timing starts
     runner.run([as_prompt(prompt, index) for index, prompt in enumerate(prompts)], progress, phase)
     return BenchResult.from_runner(runner)
+
+
+def run_serving(
+    model: Any,
+    methods: Sequence[str],
+    prompts: Sequence[Sequence[int]],
+    *,
+    concurrency: Sequence[int] = (1, 4, 8, 16),
+    settings: Sequence[Setting] = (GREEDY,),
+    max_new_tokens: int = 128,
+    capacity: int | str = 16,
+    max_capacity: int = 64,
+    seed: int = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+    warmup: int = 1,
+    repeat: int = 1,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    progress: Any = None,
+) -> ServingResult:
+    """Serve ``prompts`` at each steady concurrency with every method, as ``racer bench --concurrency``
+    does (:mod:`racer_rs.bench.serving`): one ``generate_batch(max_batch_size=C)`` call per method
+    and concurrency, ``ar`` first and last of every round, the others rotating.
+
+    Args:
+        model: The target model.
+        methods: Method labels (``racer@16``, ``racer@auto``, ``pld``...); ``ar`` is added first.
+        prompts: Token id lists, one per request; request ``i`` samples with ``seed + i``.
+        concurrency: The concurrencies (at most that many requests live at once), in run order.
+        settings, max_new_tokens, capacity, max_capacity, eos_token_id, warmup: as :func:`run_methods`
+            (``warmup``: untimed calls per method at each concurrency).
+        repeat: Rounds per concurrency and setting.
+        options: Per label, its method's options.
+        progress: Called with every :class:`~racer_rs.bench.serving.ServingRecord` as it is measured.
+
+    Raises:
+        InvalidArgumentError: no prompt, a concurrency below 1, a repeated label or a bad capacity
+            (before any timing starts).
+    """
+    if not prompts:
+        raise InvalidArgumentError("no prompt to run")
+    concurrencies = [int(c) for c in concurrency]
+    if not concurrencies or min(concurrencies) < 1:
+        raise InvalidArgumentError(f"concurrency must be >= 1, got {concurrencies}")
+    labels = list(methods)
+    if len(set(labels)) != len(labels):
+        raise InvalidArgumentError("a method label is listed more than once")
+    labels = [BASELINE, *(label for label in labels if label != BASELINE)]
+    eos = [eos_token_id] if isinstance(eos_token_id, int) else None if eos_token_id is None else list(eos_token_id)
+    bench = ServingBenchmark(
+        model,
+        labels,
+        capacity=capacity_rule("capacity", capacity),
+        max_capacity=max_capacity,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos,
+        warmup=warmup,
+        repeat=repeat,
+        seed=seed,
+        options={label: dict(opts) for label, opts in (options or {}).items()},
+    )
+    records = bench.run([[int(t) for t in p] for p in prompts], concurrencies, list(settings), progress)
+    return ServingResult(labels, concurrencies, records, summarise_serving(records, labels))
 
 
 def _setting_label(setting: Setting | str) -> str:

@@ -139,7 +139,7 @@ def add_parser(subparsers: Any) -> None:
         "--repeat",
         type=common.positive_int,
         default=1,
-        help="timed runs per turn; the median run is reported",
+        help="timed runs per turn; the median run is reported (--concurrency: rounds per concurrency, all reported)",
     )
     parser.add_argument(
         "--temperature",
@@ -172,6 +172,22 @@ def add_parser(subparsers: Any) -> None:
         help="benchmark racer_rs.generate_batch instead: throughput of every method batched B prompts at a "
         "time against batched ar and against decoding the same prompts one by one (first turns only; "
         "default methods ar,racer@16,racer@auto; see racer_rs.bench.batch_throughput)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=common.positive_int,
+        nargs="+",
+        metavar="C",
+        help="serving-style benchmark instead: --requests prompts (first turns) decoded at a steady "
+        "concurrency C by one racer_rs.generate_batch(max_batch_size=C) call per method; total tokens/s, "
+        "time per output token, latency percentiles and per-request speedups over batched ar "
+        "(default methods ar,racer@auto,racer@16,suffix,pld; see racer_rs.bench.serving)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=common.positive_int,
+        default=None,
+        help="--concurrency only: how many requests, categories interleaved (default: 32)",
     )
     parser.add_argument("--persistent", action="store_true", help="keep drafter state across requests")
     parser.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
@@ -411,6 +427,12 @@ class _Progress:
 def run(args: argparse.Namespace) -> int:
     """Run ``racer bench``; return the exit code (1 when a greedy run found a mismatch)."""
     common.require_extra("hf", "racer bench")
+    from racer_rs.cli.bench_serving import check_arguments, run_serving_bench
+
+    check_arguments(args)
+    if getattr(args, "concurrency", None):
+        with common.torch_threads(args.threads):
+            return run_serving_bench(args)
     if args.batch_size:
         from racer_rs.cli.bench_batch import run_batch_bench
 
