@@ -422,12 +422,20 @@ _CHILD = textwrap.dedent(
                 automaton.extend(stream)
                 kept.append(automaton)
         elif case == "tables":
+            # Tables hold the rows written (sparse): write every row of table after table.
+            ids = np.zeros((4096, 64), np.int32)
             for _ in range(100):
-                kept.append(racer_rs.LogitsTable(2**20, 64))
+                table = racer_rs.LogitsTable(2**20, 64)
+                for start in range(0, 2**20, 4096):
+                    table.update(np.arange(start, start + 4096, dtype=np.int32), ids)
+                kept.append(table)
         elif case == "pool requests":
             pool = racer_rs.DraftPool(2**20, breadth=64)
+            ids = np.zeros((4096, 64), np.int32)
             for i in range(100):
                 pool.add(i, [1, 2, 3])
+                for start in range(0, 2**20, 4096):
+                    pool.update_topk(i, np.arange(start, start + 4096, dtype=np.int32), ids)
         elif case == "a large argument":
             ids = np.zeros(80 << 20, np.int64)  # 640 MiB of the 768: its int32 copy cannot fit
             racer_rs.prompt_lookup(ids)
