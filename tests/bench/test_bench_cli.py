@@ -361,14 +361,14 @@ def test_missing_draft_model_is_a_one_line_error(tiny_model, data_file, tmp_path
     assert_one_line_error(code, err, "--draft-model: model not found")
 
 
-def test_default_capacity_is_smaller_on_a_cpu(tiny_model: Path, data_file: Path, tmp_path: Path) -> None:
+def test_the_default_capacity_is_auto_on_every_device(tiny_model: Path, data_file: Path, tmp_path: Path) -> None:
     from racer_rs.cli.bench import default_capacity
 
-    assert (default_capacity("cpu"), default_capacity("cuda:0")) == (16, 64)
+    assert (default_capacity("cpu"), default_capacity("cuda:0")) == ("auto", "auto")
     argv = bench_args(tiny_model, data_file, tmp_path / "out", "--methods", "pld")
     assert main(argv) == 0
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
-    assert report["config"]["capacity"] == 16
+    assert report["config"]["capacity"] == "auto"
 
 
 def test_transformers_peers_run_in_the_same_benchmark(tiny_model, data_file, tmp_path, capsys, monkeypatch):

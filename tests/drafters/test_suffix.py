@@ -148,6 +148,7 @@ def test_seeded_sampling_equals_plain_sampling(arctic: None, method: str) -> Non
                 temperature=1.0,
                 top_p=0.9,
                 seed=seed,
+                capacity=16,  # trees are verified whatever auto would choose for this tiny model
             )
             assert result.tokens == expected, seed
         mats.append(result.mat)
