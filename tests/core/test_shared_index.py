@@ -20,10 +20,13 @@ settings.register_profile("ci", max_examples=150, deadline=None, suppress_health
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 ALPHABET = 6
-# Edge-cell blocks (see EDGE_CELLS): chain 0-7, copy-logit 8-25, retrieval 26-65, shared 66-105.
+# Edge-cell blocks (see EDGE_CELLS): chain 0-7, copy-logit 8-25, retrieval 26-65, shared 66-105,
+# then the count-estimate blocks: retrieval 106-185, shared 186-265.
 LOGITS_CELLS = range(8, 26)
-LOCAL_CELLS = range(26, 66)
-SHARED_CELLS = range(66, 106)
+# Retrieval cells by match length and share (26..106), then by match length and count estimate
+# (the scored tree's, 106..266), each block the request's own then the shared index's.
+LOCAL_CELLS = {*range(26, 66), *range(106, 186)}
+SHARED_CELLS = {*range(66, 106), *range(186, 266)}
 
 token_lists = st.lists(st.integers(0, ALPHABET - 1), min_size=0, max_size=50)
 responses = st.lists(st.lists(st.integers(0, ALPHABET - 1), min_size=1, max_size=40), min_size=0, max_size=5)
@@ -278,8 +281,9 @@ def test_calibration_of_shared_cells_steers_the_scored_tree():
     tree = build_draft_tree(a, table, 3, 4, scored=True, calibration=trust_local, shared=s)
     assert tree.tokens.tolist() == [3, 4, 1, 2]
     priors = edge_cell_priors()
-    assert len(priors) == EDGE_CELLS == 106
-    assert np.array_equal(priors[SHARED_CELLS.start :], priors[LOCAL_CELLS.start : LOCAL_CELLS.stop])
+    assert len(priors) == EDGE_CELLS == 266
+    # The shared blocks' priors mirror the request's own blocks'.
+    assert np.array_equal(priors[66:106], priors[26:66]) and np.array_equal(priors[186:266], priors[106:186])
 
 
 def test_a_saved_corpus_index_drafts_like_the_original(tmp_path):

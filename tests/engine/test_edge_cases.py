@@ -30,7 +30,8 @@ def _eos_inside_a_step(model: torch.nn.Module) -> tuple[list[int], int, int]:
     """Racer's greedy tokens, an index ``i`` whose token first occurs there and is the second
     token of a step that committed at least 3 tokens (so an EOS there lies inside an accepted
     path), and that step's number."""
-    result = racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=60)
+    # A fixed capacity: the same trees in every run of this test, whatever auto would choose.
+    result = racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=60, capacity=16)
     tokens = result.tokens
     for step, (position, length) in enumerate(zip(result.positions, result.accepted_lengths, strict=False)):
         if length >= 3 and tokens.index(tokens[position + 1]) == position + 1:
@@ -43,7 +44,9 @@ def _eos_inside_a_step(model: torch.nn.Module) -> tuple[list[int], int, int]:
 
 def test_eos_cuts_the_accepted_path_mid_step(model: torch.nn.Module) -> None:
     tokens, index, step = _eos_inside_a_step(model)
-    result = racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=60, eos_token_id=tokens[index])
+    result = racer_rs.generate(
+        model, REPEATING_PROMPT, method="racer", max_new_tokens=60, eos_token_id=tokens[index], capacity=16
+    )
     assert result.steps == step + 1
     assert result.accepted_lengths[-1] == 2  # the root and the EOS; the rest of the path is dropped
 
@@ -51,7 +54,9 @@ def test_eos_cuts_the_accepted_path_mid_step(model: torch.nn.Module) -> None:
 def test_eos_list_stops_at_the_first_listed_token(model: torch.nn.Module) -> None:
     tokens, index, _ = _eos_inside_a_step(model)
     eos_ids = [max(tokens) + 1, tokens[index]]  # the first id never occurs
-    result = racer_rs.generate(model, REPEATING_PROMPT, method="racer", max_new_tokens=60, eos_token_id=eos_ids)
+    result = racer_rs.generate(
+        model, REPEATING_PROMPT, method="racer", max_new_tokens=60, eos_token_id=eos_ids, capacity=16
+    )
     assert result.tokens == tokens[: index + 1]
 
 

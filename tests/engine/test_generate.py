@@ -57,7 +57,9 @@ def test_greedy_equals_plain_greedy(family: str, method: str, seed: int, kind: s
 
 def test_drafts_are_accepted_on_repeating_output() -> None:
     """Equivalence tests would pass trivially if nothing were ever accepted."""
-    result = racer_rs.generate(_model("llama", 0), REPEATING_PROMPT, method="racer", max_new_tokens=NEW_TOKENS)
+    result = racer_rs.generate(
+        _model("llama", 0), REPEATING_PROMPT, method="racer", max_new_tokens=NEW_TOKENS, capacity=16
+    )
     assert result.mat > 1.5
     assert max(result.accepted_lengths) > 2
 
