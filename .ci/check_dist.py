@@ -18,8 +18,10 @@ MAX_WHEEL_BYTES = 4 * 1024 * 1024
 EXTENSION = re.compile(r"racer_rs/_native(\.abi3\.so|\.pyd)$")
 WHEEL_FILE = re.compile(r"racer_rs/[\w/]+\.(py|pyi)$|racer_rs/py\.typed$|racer_rs-[^/]+\.dist-info/[^/]+(/[^/]+)?$")
 SDIST_NEEDS = ["Cargo.toml", "Cargo.lock", "pyproject.toml", "README.md", "rust/lib.rs", "python/racer_rs/__init__.py"]
+#: The repository's own top-level folders (a package may have a ``target`` subpackage, and the crate
+#: its declared ``rust/benches``), caches and binaries anywhere.
 SDIST_FORBIDDEN = re.compile(
-    r"(^|/)(tests|target|models|benches|data|\.ci|\.github|__pycache__)/|\.(so|pyd|pyc|whl|gguf)$"
+    r"^(tests|target|models|benches|data|\.ci|\.github)/|(^|/)__pycache__/|\.(so|pyd|pyc|whl|gguf)$"
 )
 
 

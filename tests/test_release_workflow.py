@@ -181,6 +181,9 @@ def test_check_dist_rejects_stray_files(tmp_path: Path) -> None:
     checks = check_dist()
     assert checks.wheel_problems(_wheel(tmp_path / "ok.whl", WHEEL_FILES)) == []
     assert checks.sdist_problems(_sdist(tmp_path / "ok.tar.gz", SDIST_FILES)) == []
+    # A subpackage named like a build folder and the crate's declared benches belong in the sdist.
+    nested = [*SDIST_FILES, "python/racer_rs/target/verifier.py", "rust/benches/core.rs"]
+    assert checks.sdist_problems(_sdist(tmp_path / "nested.tar.gz", nested)) == []
     for extra in ["tests/test_core.py", "racer_rs/__pycache__/x.cpython-311.pyc", "racer_rs/libextra.so", "target/x"]:
         assert checks.wheel_problems(_wheel(tmp_path / "bad.whl", [*WHEEL_FILES, extra])), extra
     assert checks.wheel_problems(_wheel(tmp_path / "none.whl", WHEEL_FILES[:3]))  # no extension
