@@ -149,7 +149,7 @@ def check_settings(
     )
 
 
-def check_request(settings: CallSettings, index: int, prompt: np.ndarray, budget: int) -> None:
+def check_request(settings: CallSettings, prompt: np.ndarray, budget: int) -> None:
     """A prompt plus its budget must fit the model's window."""
     if settings.window is not None and len(prompt) + budget > settings.window:
         raise InvalidArgumentError(
@@ -257,7 +257,7 @@ def generate(
     if seed is not None:
         seed = rules.seed("seed", seed)
     with error_context("input_ids"):
-        check_request(settings, 0, prompt, budget)
+        check_request(settings, prompt, budget)
     if streamer is not None and not (
         callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))
     ):
@@ -363,7 +363,7 @@ def generate_batch(
     requests = []
     for row, (prompt, budget) in enumerate(zip(batch, budgets, strict=True)):
         with error_context(f"prompts[{row}]"):
-            check_request(settings, row, prompt, budget)
+            check_request(settings, prompt, budget)
         requests.append(Request(row, prompt, budget, None if seed is None else int(seed) + row, streamers[row]))
     return run_requests(
         model, settings, requests, max_rows=min(rows, len(batch)), started=total_start, isolate_failures=True
