@@ -106,7 +106,7 @@ def test_rows_finish_at_different_steps_with_an_eos_inside_an_accepted_path(monk
                 cut_inside_path.append(state.row)
 
     monkeypatch.setattr(DecodeEngine, "commit", spy)
-    results = racer_rs.generate_batch(model, PROMPTS, method="racer", max_new_tokens=40, eos_token_id=eos)
+    results = racer_rs.generate_batch(model, PROMPTS, method="racer", max_new_tokens=40, eos_token_id=eos, capacity=16)
     for prompt, result in zip(PROMPTS, results, strict=True):
         plain = _expected("llama", prompt, 40)
         assert result.tokens == (plain[: plain.index(eos) + 1] if eos in plain else plain)
