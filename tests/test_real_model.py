@@ -182,9 +182,10 @@ def test_every_batch_row_equals_plain_greedy_decoding(smollm2, batch_prompts, me
     )
     for row, result in enumerate(results):
         assert result.tokens == expected[row], (method, capacity, row)
-    if method == "racer":
-        # The summary copies from its prompt: drafts were accepted (auto verifies fewer nodes).
-        assert results[0].mat > (1.3 if capacity != "auto" else 1.1)
+    if method == "racer" and capacity != "auto":
+        # The summary copies from its prompt: drafts were accepted. (At auto, how many nodes pay
+        # depends on this machine's measured cost curve: equality is what is checked there.)
+        assert results[0].mat > 1.3
 
 
 def test_a_seeded_batch_row_samples_what_generate_samples_with_its_seed(smollm2, batch_prompts):
