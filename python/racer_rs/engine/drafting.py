@@ -32,8 +32,6 @@ from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
 from racer_rs.drafters.racer import RacerDrafter
 from racer_rs.errors import InvalidTypeError, UnsupportedError
 
-#: Methods that draft with a draft model (one draft KV cache per row).
-DRAFT_MODEL_METHODS = frozenset({"draft_model", "tts", "racer_tts"})
 #: Methods drafted for the whole batch by one DraftPool call per step.
 POOL_METHODS = frozenset({"racer", "racer_scored", "racer_retrieval", "racer_logits"})
 

@@ -25,6 +25,7 @@ from racer_rs.drafters.base import Drafter
 from racer_rs.engine.capacity import AutoCapacity, CapacityPolicy, FixedCapacity
 from racer_rs.engine.decode_engine import DecodeEngine, DecodeState, Request, RowFailure
 from racer_rs.engine.drafting import Drafting, make_drafting
+from racer_rs.engine.streaming import is_streamer
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError, error_context
 from racer_rs.target.batch_verifier import BatchVerifier
 from racer_rs.target.sampling import SamplingConfig
@@ -258,9 +259,7 @@ def generate(
         seed = rules.seed("seed", seed)
     with error_context("input_ids"):
         check_request(settings, prompt, budget)
-    if streamer is not None and not (
-        callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))
-    ):
+    if streamer is not None and not is_streamer(streamer):
         raise InvalidTypeError("streamer must have put() and end() methods")
     request = Request(0, prompt, int(budget), seed, streamer)
     results = run_requests(model, settings, [request], max_rows=1, started=total_start, isolate_failures=False)
@@ -537,6 +536,6 @@ def _streamers(streamer: Any, rows: int) -> list[Any]:
     if len(streamer) != rows:
         raise InvalidArgumentError(f"streamer must hold one streamer per prompt ({rows}), got {len(streamer)}")
     for row, item in enumerate(streamer):
-        if item is not None and not (callable(getattr(item, "put", None)) and callable(getattr(item, "end", None))):
+        if item is not None and not is_streamer(item):
             raise InvalidTypeError(f"streamer[{row}] must have put() and end() methods")
     return list(streamer)

@@ -10,11 +10,16 @@ import torch
 from racer_rs.errors import InvalidTypeError
 
 
+def is_streamer(value: Any) -> bool:
+    """Whether ``value`` has the streamer interface: ``put()`` and ``end()`` methods."""
+    return callable(getattr(value, "put", None)) and callable(getattr(value, "end", None))
+
+
 class StreamAdapter:
     """Adapts a user streamer: ``put(tokens, drafted)`` objects or HF ``BaseStreamer``s."""
 
     def __init__(self, streamer: Any, prompt_ids: np.ndarray) -> None:
-        if not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
+        if not is_streamer(streamer):
             raise InvalidTypeError("streamer must have put() and end() methods")
         self._target = streamer
         self._hf = _is_hf_streamer(streamer)
