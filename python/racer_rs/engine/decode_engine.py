@@ -51,7 +51,14 @@ from racer_rs.engine.streaming import StreamAdapter
 from racer_rs.engine.transfer import HostTransfer
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 from racer_rs.target.batch_verifier import BatchVerifier
-from racer_rs.target.sampling import SamplingConfig, draw_uniforms, process_logits, sample_nodes, sample_position
+from racer_rs.target.sampling import (
+    SamplingConfig,
+    draw_uniforms,
+    greedy_ids,
+    process_logits,
+    sample_nodes,
+    sample_position,
+)
 from racer_rs.target.verifier import topk_with_probs
 
 TIMING_KEYS = ("prefill", "draft", "verify", "forward", "accept", "bookkeeping", "total")
@@ -475,7 +482,7 @@ class DecodeEngine:
         ``SamplingWalk.predict`` on ``[B, n_max]`` nodes, each row with its own uniforms keyed by
         its own generation position (padding nodes draw values nobody reads)."""
         if self.sampling.greedy:
-            transfer.add("predicted", logits.argmax(dim=-1))
+            transfer.add("predicted", greedy_ids(logits))
             return
         batch, width = logits.shape[:2]
         device = logits.device

