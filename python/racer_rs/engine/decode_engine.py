@@ -395,7 +395,7 @@ class DecodeEngine:
                 committed=[state.accepted_lengths[-1] for state in live],
                 context=context,
                 padded=padded,
-                forward=forward,
+                forward=verified_at - drafted,
                 step=finished - started,
             )
         )
