@@ -344,7 +344,7 @@ impl DraftPool {
             .sum();
         states
             + id_heap
-            + crate::alloc::hash_map_bytes(
+            + alloc::hash_map_bytes(
                 requests.map.capacity(),
                 size_of::<RequestId>() + size_of::<Entry>(),
             )
@@ -412,7 +412,10 @@ impl DraftPool {
             return Err(already()); // added by another thread meanwhile
         }
         requests.map.try_reserve(1).map_err(|_| {
-            crate::alloc::out_of_memory("the pool's request map", size_of::<Entry>())
+            // Growing means doubling: the table for twice the requests.
+            let entry = size_of::<RequestId>() + size_of::<Entry>();
+            let grown = alloc::hash_map_bytes(2 * requests.map.capacity().max(4), entry);
+            alloc::out_of_memory("the pool's request map", grown)
         })?;
         let order = requests.next;
         requests.next += 1;

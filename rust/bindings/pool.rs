@@ -549,6 +549,17 @@ fn list<'py>(
 
 #[pymethods]
 impl PyBatchDraft {
+    /// Not built from Python: `DraftPool.propose` returns one (an `InvalidTypeError` here, as
+    /// for every call that cannot be bound, instead of PyO3's plain `TypeError`).
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(text_signature = "(*args, **kwargs)")]
+    fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        Err(type_error(
+            "BatchDraft() cannot be built directly: DraftPool.propose returns one".into(),
+        ))
+    }
+
     /// ``int32[total]``: every node's token, request after request.
     #[getter]
     fn tokens<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {

@@ -126,10 +126,8 @@ impl<const R: usize, const O: usize> Signature<R, O> {
                     )));
                 }
                 Some(slot) => *slot = Some(value),
-                None => unknown.push(
-                    key.str()
-                        .map_or_else(|_| "'?'".into(), |s| format!("'{s}'")),
-                ),
+                // As Python spells the name (quoted, escapes and all): one line whatever it is.
+                None => unknown.push(key.repr().map_or_else(|_| "'?'".into(), |r| r.to_string())),
             }
         }
         if unknown.is_empty() {
