@@ -292,11 +292,17 @@ class DecodeEngine:
         """Prefill ``requests`` into new rows after the live ones, pick each one's first token and
         start its drafting."""
         probs_temperature = self.sampling.temperature if self.drafting.needs_topk_probs else None
-        for request in requests:
-            admitted = time.perf_counter()
-            output = self.verifier.add_rows(
-                [request.prompt], topk=self.drafting.needs_topk, probs_temperature=probs_temperature
-            )[0]
+        admitted = time.perf_counter()
+        prefill_seconds: list[float] = []
+        # One call for all of them: the batch cache grows once, not once per request.
+        outputs = self.verifier.add_rows(
+            [request.prompt for request in requests],
+            topk=self.drafting.needs_topk,
+            probs_temperature=probs_temperature,
+            timings=prefill_seconds,
+        )
+        for request, output, seconds in zip(requests, outputs, prefill_seconds, strict=True):
+            started = time.perf_counter()
             device = self.verifier.device
             generator = None if request.seed is None else torch.Generator(device=device).manual_seed(request.seed)
             uniforms = None
@@ -336,7 +342,7 @@ class DecodeEngine:
                 )
             except Exception as error:
                 self._fail(state, error)
-            state.timings["prefill"] += time.perf_counter() - admitted
+            state.timings["prefill"] += seconds + time.perf_counter() - started
 
     # --- one step -----------------------------------------------------------------------------
 
