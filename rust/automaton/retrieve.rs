@@ -9,7 +9,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::{Automaton, NIL, ROOT, key};
+use super::{Automaton, NIL, ROOT};
 use crate::edge_cells;
 use crate::error::{Result, invalid};
 use crate::tree::{DraftTree, TreeBuilder, check_budget};
@@ -172,7 +172,7 @@ impl Automaton {
         let mut borders = Vec::new();
         let mut u = deepest;
         loop {
-            if let Some(&v) = self.goto.get(&key(u, next)) {
+            if let Some(v) = self.child(u, next) {
                 if self.nodes[v as usize].depth as usize >= self.min_depth {
                     borders.push(v);
                 }
@@ -207,7 +207,7 @@ impl Automaton {
         let mut shortest = None;
         let mut u = deepest;
         loop {
-            if let Some(&v) = self.goto.get(&key(u, next)) {
+            if let Some(v) = self.child(u, next) {
                 if self.nodes[v as usize].depth as usize >= self.min_depth {
                     shortest = Some(v);
                 } else {
