@@ -1,13 +1,17 @@
 //! Conversion of Python token inputs (lists or int32/int64 numpy arrays) and of outputs.
 
 use numpy::{
-    Element, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
+    Element, PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray,
+    PyUntypedArrayMethods,
 };
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::errors::{type_error, value_error};
+
+/// Int32 arrays up to this length are copied rather than borrowed (see [`int_arg`]).
+const COPY_MAX_ELEMENTS: usize = 64;
 
 /// Token ids borrowed from a contiguous int32 array (zero-copy) or converted into a `Vec`.
 pub(crate) enum Tokens<'py> {
@@ -46,7 +50,7 @@ pub(crate) fn converted<T, U: Clone + Default>(
     values: impl IntoIterator<Item = T>,
     mut convert: impl FnMut(T) -> PyResult<U>,
 ) -> PyResult<Vec<U>> {
-    let mut out = crate::alloc::filled("ids", &format!("a copy of {arg}"), len, U::default())
+    let mut out = crate::alloc::filled("ids", format_args!("a copy of {arg}"), len, U::default())
         .map_err(|e| match e {
             crate::error::Error::InvalidArgument { msg, .. } => value_error(arg, msg),
             other => other.into(),
@@ -91,7 +95,7 @@ fn other_integer_array(obj: &Bound<'_, PyAny>, arg: &str) -> Option<PyResult<Vec
 }
 
 /// Extract a 1-D sequence of ints from a list/tuple of ints or an integer numpy array (int32
-/// borrowed without a copy when contiguous; any other integer dtype range-checked). Python bools
+/// borrowed without a copy when contiguous and longer than `COPY_MAX_ELEMENTS`; any other integer dtype range-checked). Python bools
 /// are refused inside lists as they are as arrays and scalars: `True` is not the int 1 here.
 /// Negative values pass: this is the rule for parents, cells, ranks and lengths; token ids go
 /// through [`token_arg`].
@@ -102,6 +106,17 @@ pub(crate) fn int_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Token
                 arg,
                 format!("expected a 1-D array, got shape {:?}", a.shape()),
             ));
+        }
+        if let Ok(a32) = obj.cast::<PyArray1<i32>>() {
+            let len = a32.len();
+            if len <= COPY_MAX_ELEMENTS {
+                // Copied under the GIL, element by element: registering a numpy borrow and
+                // releasing it costs more than copying a few ids (a decode step's extend).
+                return Ok(Tokens::Owned(converted(arg, len, 0..len, |i| {
+                    a32.get_owned(i)
+                        .ok_or_else(|| value_error(arg, format!("index {i} out of bounds")))
+                })?));
+            }
         }
         if let Ok(a32) = obj.extract::<PyReadonlyArray1<'py, i32>>() {
             if a32.as_slice().is_ok() {
