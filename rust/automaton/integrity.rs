@@ -98,7 +98,9 @@ impl Automaton {
                 return fail(format!("node {v}: goto entry missing"));
             }
             if !p.hashed && entry.is_some() {
-                return fail(format!("node {v}: goto entry for a node whose parent is not hashed"));
+                return fail(format!(
+                    "node {v}: goto entry for a node whose parent is not hashed"
+                ));
             }
             if n.count == 0 || (n.parent != ROOT && p.count < n.count) {
                 return fail(format!(

@@ -597,9 +597,7 @@ impl Automaton {
 
     /// The node spelling `pattern`, if present.
     fn find(&self, pattern: &[u32]) -> Option<u32> {
-        pattern
-            .iter()
-            .try_fold(ROOT, |u, &t| self.child(u, t))
+        pattern.iter().try_fold(ROOT, |u, &t| self.child(u, t))
     }
 
     /// Start a new request: later substrings never span this boundary; the index is kept.

@@ -307,7 +307,7 @@ fn decode(data: &[u8], source: &str) -> Result<Automaton> {
     }
     c.read_nodes(&mut r, a.ngram, tick).map_err(&corrupt)?;
     debug_assert_eq!(r.at, len - CHECKSUM_LEN);
-    c.link(&mut a, &corrupt)?;
+    c.link(&mut a, corrupt)?;
     a.live = live as usize;
     a.recent = VecDeque::with_capacity(a.ngram + 1);
     a.recent.extend(recent.iter().copied());

@@ -188,11 +188,16 @@ impl Automaton {
     /// `budget` nodes. Continuations are taken best first across the borders' subtrees, ranked
     /// by count, then depth, then token id; paths spelling the same tokens merge.
     pub fn retrieve_into(&mut self, builder: &mut TreeBuilder, next: u32, budget: usize) {
+        // The match state is not needed, but it is kept valid as every build did.
         self.ensure_state();
         // Suffix closure makes every path under a longer border also a path under the shortest
         // one, with a count at least as high; ranked by count, the longer borders only ever
         // produce merges, so the shortest border alone yields the same tree, faster.
-        let Some(border) = self.shortest_border_from(self.state, next) else {
+        let k = self.min_depth - 1;
+        let Some(start) = self.recent.len().checked_sub(k) else {
+            return;
+        };
+        let Some(border) = self.shortest_border(self.recent.range(start..).copied(), next) else {
             return;
         };
         // The request's own buffers, kept between builds (no allocation per call).
@@ -202,23 +207,19 @@ impl Automaton {
         self.scratch = scratch;
     }
 
-    /// The last of `borders_from(deepest, next)` without building the list.
-    fn shortest_border_from(&self, deepest: u32, next: u32) -> Option<u32> {
-        let mut shortest = None;
-        let mut u = deepest;
-        loop {
-            if let Some(v) = self.child(u, next) {
-                if self.nodes[v as usize].depth as usize >= self.min_depth {
-                    shortest = Some(v);
-                } else {
-                    return shortest; // shallower ones are shallower still
-                }
-            }
-            if u == ROOT {
-                return shortest;
-            }
-            u = self.nodes[u as usize].fail;
-        }
+    /// The last (shortest) of the borders for a context whose last `min_depth - 1` tokens are
+    /// `suffix`, without walking the failure chain: the node of `suffix + [next]`. It is a
+    /// border if it exists (its depth is `min_depth`), and if it does not, no longer suffix
+    /// `s` has a node `s + [next]` either (suffix closure: `suffix + [next]` would be a suffix
+    /// of it, hence a node), so there is no border. Two or so look-ups from the root instead
+    /// of one node (a cache miss, on a large batch) per level of the match state's chain.
+    pub(super) fn shortest_border(
+        &self,
+        mut suffix: impl Iterator<Item = u32>,
+        next: u32,
+    ) -> Option<u32> {
+        let u = suffix.try_fold(ROOT, |u, t| self.child(u, t))?;
+        self.child(u, next)
     }
 
     /// [`Automaton::retrieve_into`] for an explicit `context` (see [`Automaton::borders_for`]),
@@ -233,8 +234,13 @@ impl Automaton {
         budget: usize,
         source: Source,
     ) -> Vec<u32> {
-        match self.borders_for(context, next).last() {
-            Some(&border) => {
+        // The last of `borders_for(context, next)`, found directly (see `shortest_border`).
+        let shortest = context
+            .len()
+            .checked_sub(self.min_depth - 1)
+            .and_then(|start| self.shortest_border(context[start..].iter().copied(), next));
+        match shortest {
+            Some(border) => {
                 let mut scratch = Scratch::default();
                 self.collect_into(builder, border, budget, source, &mut scratch);
                 scratch.used

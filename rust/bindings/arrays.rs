@@ -52,9 +52,9 @@ pub(crate) fn converted<T, U: Clone + Default>(
 ) -> PyResult<Vec<U>> {
     let mut out = crate::alloc::filled("ids", format_args!("a copy of {arg}"), len, U::default())
         .map_err(|e| match e {
-            crate::error::Error::InvalidArgument { msg, .. } => value_error(arg, msg),
-            other => other.into(),
-        })?;
+        crate::error::Error::InvalidArgument { msg, .. } => value_error(arg, msg),
+        other => other.into(),
+    })?;
     for (slot, value) in out.iter_mut().zip(values) {
         *slot = convert(value)?;
     }
