@@ -312,7 +312,7 @@ impl Automaton {
             });
             c = n.next_sibling;
         }
-        push_best(heap, scratch, keep);
+        push_best_each(heap, scratch, keep);
     }
 }
 
@@ -331,9 +331,25 @@ thread_local! {
 /// been placed. The tree is the same as with every child pushed, for far less heap work below
 /// nodes with thousands of children (a large shared index).
 pub(crate) fn push_best<T: Ord>(heap: &mut BinaryHeap<T>, candidates: &mut Vec<T>, keep: usize) {
+    keep_best(candidates, keep);
+    heap.extend(candidates.drain(..));
+}
+
+/// [`push_best`] pushing one candidate at a time: the heap's layout may differ from `extend`'s
+/// (which may rebuild it), so only for types whose order is total over everything a build
+/// reads from them (`Candidate`), where the layout cannot change what is popped. Cheaper for
+/// the few candidates a trie node has.
+fn push_best_each<T: Ord>(heap: &mut BinaryHeap<T>, candidates: &mut Vec<T>, keep: usize) {
+    keep_best(candidates, keep);
+    for c in candidates.drain(..) {
+        heap.push(c);
+    }
+}
+
+/// Keep only the `keep` greatest of `candidates` (all of them if there are fewer).
+fn keep_best<T: Ord>(candidates: &mut Vec<T>, keep: usize) {
     #[cfg(test)]
     if !PRUNE.with(std::cell::Cell::get) {
-        heap.extend(candidates.drain(..));
         return;
     }
     if keep == 0 {
@@ -344,7 +360,6 @@ pub(crate) fn push_best<T: Ord>(heap: &mut BinaryHeap<T>, candidates: &mut Vec<T
         candidates.select_nth_unstable_by(keep - 1, |a, b| b.cmp(a));
         candidates.truncate(keep);
     }
-    heap.extend(candidates.drain(..));
 }
 
 /// Hooks for the probability-scored tree builder (`crate::draft`).

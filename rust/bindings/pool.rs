@@ -24,7 +24,7 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 
 /// A request id: a Python int (or numpy integer) within int64, or a str. `bool` is refused
 /// (``True == 1`` would make two spellings of one key).
-fn request_id(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<RequestId> {
+fn request_id(obj: &Bound<'_, PyAny>, arg: impl std::fmt::Display) -> PyResult<RequestId> {
     if obj.is_instance_of::<PyBool>() {
         return Err(type_error(format!(
             "{arg}: a request id must be an int or a str, got bool"
@@ -34,12 +34,17 @@ fn request_id(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<RequestId> {
         return s
             .to_str()
             .map(|s| RequestId::Str(s.to_owned()))
-            .map_err(|_| value_error(arg, "the str id is not valid Unicode (a lone surrogate)"));
+            .map_err(|_| {
+                value_error(
+                    &arg.to_string(),
+                    "the str id is not valid Unicode (a lone surrogate)",
+                )
+            });
     }
     match obj.extract::<i64>() {
         Ok(v) => Ok(RequestId::Int(v)),
         Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Err(value_error(
-            arg,
+            &arg.to_string(),
             format!("int id {obj} does not fit in int64"),
         )),
         Err(_) => Err(type_error(format!(
@@ -94,7 +99,8 @@ fn request_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RequestId>> {
     let items = items(obj, "ids", "a sequence of request ids (ints or strs)")?;
     let mut ids = crate::alloc::filled("ids", "the request ids", items.len(), RequestId::Int(0))?;
     for (i, (slot, item)) in ids.iter_mut().zip(&items).enumerate() {
-        *slot = request_id(item, &format!("ids[{i}]"))?;
+        // The argument's name is only spelled out for an error.
+        *slot = request_id(item, format_args!("ids[{i}]"))?;
     }
     Ok(ids)
 }
