@@ -302,8 +302,12 @@ impl LogitsTable {
     /// the builder holds `budget` nodes. Child `j` of a node at depth `d` with breadth `b` gets
     /// breadth `max(1, b >> (j + [d != exempt_depth]))`; the root has breadth `top_k`.
     pub fn expand_into(&self, builder: &mut TreeBuilder, budget: usize, exempt_depth: u32) {
-        let mut queued = vec![false; builder.len()];
-        let mut queue = VecDeque::from([(0u32, self.top_k)]);
+        // Room for the whole tree up front (nodes are numbered below `budget`; capped, as the
+        // budget is a limit, not a size), so the buffers do not grow node by node.
+        let room = budget.clamp(builder.len(), 4096.max(builder.len()));
+        let mut queued = vec![false; room];
+        let mut queue = VecDeque::with_capacity(room);
+        queue.push_back((0u32, self.top_k));
         queued[0] = true;
         while let Some((u, breadth)) = queue.pop_front() {
             if builder.len() >= budget {
