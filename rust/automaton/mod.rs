@@ -42,9 +42,6 @@ const ROOT: u32 = 0;
 pub const MAX_NGRAM: usize = 64;
 /// Largest node budget: node indices are `u32` with two values reserved.
 pub const MAX_NODES: usize = (NIL - 2) as usize;
-/// Goto entries one node's creation can add: its own, or all its parent's children when the
-/// parent passes `HASHED_CHILDREN`.
-const GOTO_PER_NODE: usize = HASHED_CHILDREN as usize + 1;
 /// A node's children are looked up on its child list while they are at most this many, and
 /// in the goto map beyond: most nodes have a few children, and scanning those touches nodes
 /// that the caller reads next anyway, where a hash lookup, insertion and removal would each
@@ -282,15 +279,15 @@ impl Automaton {
         Ok(())
     }
 
-    /// Room for everything one `extend_one` step can add (a node, a map entry and a free slot
-    /// per chain node), so a step that starts cannot fail halfway (the LRU queue drops an entry
-    /// it has no memory for and is rebuilt later, see `push_if_evictable`).
+    /// Room for the nodes one `extend_one` step can add (a node and a free slot per chain
+    /// node), so a step that starts cannot fail halfway (the goto map's room is reserved by
+    /// `reserve_goto` before the step changes anything; the LRU queue drops an entry it has no
+    /// memory for and is rebuilt later, see `push_if_evictable`).
     fn reserve_step(&mut self, steps: usize) -> Result<()> {
         // Almost always there is room already: checked inline, the growth path out of line.
         let spare = |len: usize, capacity: usize| capacity - len >= steps;
         if (self.free.len() >= steps || spare(self.nodes.len(), self.nodes.capacity()))
             && spare(self.free.len(), self.free.capacity())
-            && self.goto.capacity() - self.goto.len() >= steps * GOTO_PER_NODE
         {
             return Ok(());
         }
@@ -304,17 +301,43 @@ impl Automaton {
         if self.free.len() < steps {
             grow(&mut self.nodes, steps, what)?;
         }
-        grow(&mut self.free, steps, what)?;
-        let entries = steps * GOTO_PER_NODE;
-        self.goto
-            .try_reserve(entries)
-            .map_err(|_| out_of_memory(what, entries * size_of::<(u64, u32)>()))
+        grow(&mut self.free, steps, what)
+    }
+
+    /// Room in the goto map for a child of each of `parents`: its own entry if the parent is
+    /// hashed, all the parent's children if it would pass `HASHED_CHILDREN`. Evictions meanwhile
+    /// only lower that (and removals never take room from the map), so the inserts that follow
+    /// never allocate.
+    fn reserve_goto(&mut self, parents: std::ops::Range<usize>) -> Result<()> {
+        let spare = self.goto.capacity() - self.goto.len();
+        if spare >= parents.len() * (HASHED_CHILDREN as usize + 1) {
+            return Ok(()); // room for the most there can be: no need to count
+        }
+        let entries: usize = self.chain[parents]
+            .iter()
+            .map(|&p| {
+                let n = &self.nodes[p as usize];
+                match n.n_children + 1 {
+                    _ if n.hashed => 1,
+                    c if c > HASHED_CHILDREN => c as usize,
+                    _ => 0,
+                }
+            })
+            .sum();
+        if spare >= entries {
+            return Ok(());
+        }
+        self.goto.try_reserve(entries).map_err(|_| {
+            out_of_memory(
+                "the automaton's goto map",
+                entries * size_of::<(u64, u32)>(),
+            )
+        })
     }
 
     fn extend_one(&mut self, x: u32) -> Result<()> {
         self.ensure_state();
         self.reserve_step(self.ngram)?;
-        self.tick += 1;
         // The failure chain of the state lists every context suffix, deepest first; suffixes of
         // length `ngram` cannot grow, so they are skipped.
         self.chain.clear();
@@ -342,6 +365,9 @@ impl Automaton {
         let (found, hit) = (0..n)
             .find_map(|i| self.child(self.chain[i], x).map(|v| (i, v)))
             .unwrap_or((n, ROOT));
+        // Nothing was changed so far; from here on nothing can fail.
+        self.reserve_goto(0..found)?;
+        self.tick += 1;
         let mut v = hit;
         for _ in found..n {
             let node = &mut self.nodes[v as usize];
@@ -429,7 +455,7 @@ impl Automaton {
         Ok(v)
     }
 
-    /// Put every child of `u` into the goto map (room was reserved by `reserve_step`).
+    /// Put every child of `u` into the goto map (room was reserved by `reserve_goto`).
     fn hash_children(&mut self, u: u32) {
         let mut c = self.nodes[u as usize].first_child;
         while c != NIL {
