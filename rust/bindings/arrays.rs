@@ -8,6 +8,8 @@ use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
+use std::fmt::Display;
+
 use super::errors::{type_error, value_error};
 
 /// Int32 arrays up to this length are copied rather than borrowed (see [`int_arg`]).
@@ -45,7 +47,7 @@ impl Tokens<'_> {
 /// too large for the memory left is an `OutOfMemoryError` (or an `InvalidArgumentError` past
 /// 2**28 elements), never an abort.
 pub(crate) fn converted<T, U: Clone + Default>(
-    arg: &str,
+    arg: &(impl Display + ?Sized),
     len: usize,
     values: impl IntoIterator<Item = T>,
     mut convert: impl FnMut(T) -> PyResult<U>,
@@ -62,7 +64,7 @@ pub(crate) fn converted<T, U: Clone + Default>(
 }
 
 fn to_i32<T: Copy + std::fmt::Display>(
-    arg: &str,
+    arg: &(impl Display + ?Sized),
     len: usize,
     values: impl IntoIterator<Item = T>,
 ) -> PyResult<Vec<i32>>
@@ -82,7 +84,10 @@ fn dtype_name(a: &Bound<'_, PyUntypedArray>) -> String {
 
 /// A 1-D numpy array of another integer dtype than int32, range-checked element by element
 /// before narrowing (so ``2**32 + 5`` is an error, never 5).
-fn other_integer_array(obj: &Bound<'_, PyAny>, arg: &str) -> Option<PyResult<Vec<i32>>> {
+fn other_integer_array(
+    obj: &Bound<'_, PyAny>,
+    arg: &(impl Display + ?Sized),
+) -> Option<PyResult<Vec<i32>>> {
     macro_rules! try_dtype {
         ($($t:ty),*) => {$(
             if let Ok(a) = obj.extract::<PyReadonlyArray1<'_, $t>>() {
@@ -99,7 +104,10 @@ fn other_integer_array(obj: &Bound<'_, PyAny>, arg: &str) -> Option<PyResult<Vec
 /// are refused inside lists as they are as arrays and scalars: `True` is not the int 1 here.
 /// Negative values pass: this is the rule for parents, cells, ranks and lengths; token ids go
 /// through [`token_arg`].
-pub(crate) fn int_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tokens<'py>> {
+pub(crate) fn int_arg<'py>(
+    obj: &Bound<'py, PyAny>,
+    arg: &(impl Display + ?Sized),
+) -> PyResult<Tokens<'py>> {
     if let Ok(a) = obj.cast::<PyUntypedArray>() {
         if a.ndim() != 1 {
             return Err(value_error(
@@ -166,7 +174,7 @@ pub(crate) fn int_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Token
 /// fallible allocation (the length is the caller's).
 fn elements<'py>(
     items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
-    arg: &str,
+    arg: &(impl Display + ?Sized),
 ) -> PyResult<Vec<i32>> {
     let len = items.len();
     converted(arg, len, items.enumerate(), |(i, item)| {
@@ -182,7 +190,10 @@ fn elements<'py>(
 /// id argument of the bindings; each consumer checks its own upper bound, e.g. a vocabulary).
 /// `DraftPool` takes [`int_arg`]'s and leaves the whole range `0..vocab_size` to its core, whose
 /// messages name the request an id belongs to.
-pub(crate) fn token_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tokens<'py>> {
+pub(crate) fn token_arg<'py>(
+    obj: &Bound<'py, PyAny>,
+    arg: &(impl Display + ?Sized),
+) -> PyResult<Tokens<'py>> {
     let tokens = int_arg(obj, arg)?;
     if let Some(i) = tokens.as_slice().iter().position(|&t| t < 0) {
         return Err(value_error(

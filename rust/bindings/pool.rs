@@ -13,8 +13,16 @@ use super::arrays::{
 use super::errors::{type_error, value_error};
 use super::logits_table::exempt;
 use super::tree::PyDraftTree;
-use crate::pool::{BatchDraft, DraftPool, PoolOptions, RequestId, split_ragged};
+use crate::pool::{
+    BatchDraft, DraftPool, PROPOSE_REQUEST_UNITS, PoolOptions, RequestId, split_ragged,
+};
 use crate::tree::MAX_TREE_NODES;
+
+/// Batches of fewer committed tokens are indexed without releasing the GIL.
+const DETACH_MIN_TOKENS: usize = 64;
+/// Batches of less drafting work (`PROPOSE_REQUEST_UNITS + capacity` per request, about 30 ns
+/// a unit) are drafted without releasing the GIL: up to a few small trees.
+const DETACH_MIN_UNITS: usize = 256;
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
@@ -34,17 +42,12 @@ fn request_id(obj: &Bound<'_, PyAny>, arg: impl std::fmt::Display) -> PyResult<R
         return s
             .to_str()
             .map(|s| RequestId::Str(s.to_owned()))
-            .map_err(|_| {
-                value_error(
-                    &arg.to_string(),
-                    "the str id is not valid Unicode (a lone surrogate)",
-                )
-            });
+            .map_err(|_| value_error(&arg, "the str id is not valid Unicode (a lone surrogate)"));
     }
     match obj.extract::<i64>() {
         Ok(v) => Ok(RequestId::Int(v)),
         Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Err(value_error(
-            &arg.to_string(),
+            &arg,
             format!("int id {obj} does not fit in int64"),
         )),
         Err(_) => Err(type_error(format!(
@@ -107,8 +110,24 @@ fn request_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RequestId>> {
 
 /// `ids[i]` spelled for messages: `ids[3] ('req-7')`, or `ids[3]` past the end.
 fn element(arg: &str, i: usize, ids: &[RequestId]) -> String {
-    ids.get(i)
-        .map_or_else(|| format!("{arg}[{i}]"), |id| format!("{arg}[{i}] ({id})"))
+    ElementName { arg, i, ids }.to_string()
+}
+
+/// [`element`] spelled out only when displayed (in an error), not for every item of a batch.
+struct ElementName<'a> {
+    arg: &'a str,
+    i: usize,
+    ids: &'a [RequestId],
+}
+
+impl std::fmt::Display for ElementName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self { arg, i, ids } = self;
+        match ids.get(*i) {
+            Some(id) => write!(f, "{arg}[{i}] ({id})"),
+            None => write!(f, "{arg}[{i}]"),
+        }
+    }
 }
 
 fn capacity_value(v: &Int, arg: impl FnOnce() -> String) -> PyResult<usize> {
@@ -366,9 +385,23 @@ impl PyDraftPool {
         )?
         .iter()
         .enumerate()
-        .map(|(i, t)| int_arg(t, &element("tokens", i, &ids)))
+        .map(|(i, t)| {
+            let ids = &ids[..];
+            int_arg(
+                t,
+                &ElementName {
+                    arg: "tokens",
+                    i,
+                    ids,
+                },
+            )
+        })
         .collect::<PyResult<Vec<Tokens<'_>>>>()?;
         let slices: Vec<&[i32]> = parts.iter().map(Tokens::as_slice).collect();
+        // A few tokens are indexed at once: releasing the GIL would cost about as much.
+        if slices.iter().map(|t| t.len()).sum::<usize>() < DETACH_MIN_TOKENS {
+            return Ok(self.inner.extend(&ids, &slices)?);
+        }
         Ok(py.detach(|| self.inner.extend(&ids, &slices))?)
     }
 
@@ -424,6 +457,17 @@ impl PyDraftPool {
             .map(|c| prob_vector(c, "calibration"))
             .transpose()?;
         let last = last.as_slice();
+        // A batch of a few small trees is drafted at once: releasing the GIL would cost about
+        // as much as a tree.
+        let work = caps.iter().fold(0usize, |w, &c| {
+            w.saturating_add(PROPOSE_REQUEST_UNITS.saturating_add(c))
+        });
+        if work < DETACH_MIN_UNITS {
+            let batch = self
+                .inner
+                .propose(&ids, last, &caps, calibration.as_deref())?;
+            return Ok(PyBatchDraft { inner: batch });
+        }
         let batch = py.detach(|| {
             self.inner
                 .propose(&ids, last, &caps, calibration.as_deref())
