@@ -424,16 +424,24 @@ impl DraftPool {
         }
         // Repeats are found by entry (an address hashes faster than a string id): every id
         // before `i` is known, so an id that repeats one of them is known too and is reported
-        // as a repeat, as an unknown one cannot repeat a known one.
+        // as a repeat, as an unknown one cannot repeat a known one. A small batch is scanned.
+        const SCANNED: usize = 16;
         let mut seen: FxHashMap<*const Entry, usize> = FxHashMap::default();
-        seen.reserve(ids.len());
-        let mut entries = Vec::with_capacity(ids.len());
+        if ids.len() > SCANNED {
+            seen.reserve(ids.len());
+        }
+        let mut entries: Vec<&Entry> = Vec::with_capacity(ids.len());
         for (i, id) in ids.iter().enumerate() {
             let entry = requests
                 .map
                 .get(id)
                 .ok_or_else(|| invalid_at(format!("ids[{i}] ({id})"), "unknown request id"))?;
-            if let Some(first) = seen.insert(std::ptr::from_ref(entry), i) {
+            let first = if ids.len() > SCANNED {
+                seen.insert(std::ptr::from_ref(entry), i)
+            } else {
+                entries.iter().position(|&e| std::ptr::eq(e, entry))
+            };
+            if let Some(first) = first {
                 return Err(invalid_at(
                     format!("ids[{i}] ({id})"),
                     format!("duplicate request id (also ids[{first}])"),
@@ -589,12 +597,11 @@ impl DraftPool {
             let options = self.options.draft_options(capacity);
             build_draft_tree(automaton, table, next, &[], &options, calibration)
         })?;
-        let trees = trees
-            .into_iter()
-            .zip(ids)
-            .map(|(r, id)| r.map_err(|e| about(e, id)))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(BatchDraft::new(trees))
+        let mut out = Vec::with_capacity(trees.len());
+        for (r, id) in trees.into_iter().zip(ids) {
+            out.push(r.map_err(|e| about(e, id))?);
+        }
+        Ok(BatchDraft::new(out))
     }
 }
 

@@ -150,11 +150,11 @@ pub(crate) fn int_arg<'py>(
             "{arg}: expected a sequence of ints, got a string"
         )));
     }
-    let ty = obj
-        .get_type()
-        .name()
-        .map_or_else(|_| "?".into(), |n| n.to_string());
     let not_a_sequence = || {
+        let ty = obj
+            .get_type()
+            .name()
+            .map_or_else(|_| "?".into(), |n| n.to_string());
         type_error(format!(
             "{arg}: expected a sequence of ints or an integer array, got {ty}"
         ))

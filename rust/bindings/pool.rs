@@ -78,8 +78,17 @@ fn items<'py>(obj: &Bound<'py, PyAny>, arg: &str, what: &str) -> PyResult<Vec<Bo
     let iter = obj
         .try_iter()
         .map_err(|_| type_error(format!("{arg}: expected {what}, got {}", type_name(obj))))?;
-    // The caller's sequence sizes this buffer: it grows by fallible reservations.
+    // The caller's sequence sizes this buffer: it grows by fallible reservations (a list or a
+    // tuple says its length up front).
     let mut out: Vec<Bound<'py, PyAny>> = Vec::new();
+    let known = obj
+        .cast::<PyList>()
+        .map(|l| l.len())
+        .or_else(|_| obj.cast::<PyTuple>().map(|t| t.len()));
+    if let Ok(len) = known {
+        out.try_reserve_exact(len)
+            .map_err(|_| out_of_memory(arg, len))?;
+    }
     for item in iter {
         if out.len() == out.capacity() {
             out.try_reserve(out.len().max(16))
