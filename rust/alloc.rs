@@ -57,6 +57,49 @@ pub fn grow<T>(buffer: &mut Vec<T>, extra: usize, what: &str) -> Result<()> {
         .map_err(|_| out_of_memory(what, extra.saturating_mul(size_of::<T>())))
 }
 
+/// An empty vector with room for `len` elements, or `OutOfMemory` naming `what`: the fallible
+/// `Vec::with_capacity` for buffers sized by a caller or by the number of requests.
+///
+/// # Errors
+/// `OutOfMemory` when the system cannot provide the memory.
+pub fn with_capacity<T>(len: usize, what: &str) -> Result<Vec<T>> {
+    let mut buffer = Vec::new();
+    buffer
+        .try_reserve_exact(len)
+        .map_err(|_| out_of_memory(what, len.saturating_mul(size_of::<T>())))?;
+    Ok(buffer)
+}
+
+/// `items` in a vector reserved (fallibly) for their exact count up front, so collecting them
+/// allocates nothing else: the fallible `collect` for the same buffers.
+///
+/// # Errors
+/// `OutOfMemory` naming `what` when the system cannot provide the memory.
+pub fn collect<T>(items: impl ExactSizeIterator<Item = T>, what: &str) -> Result<Vec<T>> {
+    let mut buffer = with_capacity(items.len(), what)?;
+    for item in items {
+        // Within the reservation (an exact-size iterator): no allocation.
+        buffer.push(item);
+    }
+    Ok(buffer)
+}
+
+/// [`collect`] for fallible items: the first error, or every item.
+///
+/// # Errors
+/// The first item's error; `OutOfMemory` naming `what` when the system cannot provide the
+/// memory.
+pub fn try_collect<T, E: From<Error>>(
+    items: impl ExactSizeIterator<Item = std::result::Result<T, E>>,
+    what: &str,
+) -> std::result::Result<Vec<T>, E> {
+    let mut buffer = with_capacity(items.len(), what)?;
+    for item in items {
+        buffer.push(item?);
+    }
+    Ok(buffer)
+}
+
 /// Heap bytes held by a `std` hash map (SwissTable) of `capacity` (its `capacity()`, not its
 /// length) with entries of `entry` bytes: the buckets, then one control byte per bucket plus
 /// one group of 16.
@@ -98,7 +141,15 @@ mod tests {
             );
             assert!(bytes.saturating_sub(16) % 17 == 0);
         }
-        let mut v: Vec<u8> = Vec::new();
+        let mut v: Vec<u8> = with_capacity(10, "x").unwrap();
+        assert!(v.capacity() >= 10);
+        assert!(matches!(
+            with_capacity::<u64>(usize::MAX / 4, "x"),
+            Err(Error::OutOfMemory { .. })
+        ));
+        assert_eq!(collect([1, 2, 3].into_iter(), "x").unwrap(), vec![1, 2, 3]);
+        let items = [Ok(1), Err(Error::Integrity("two".into())), Ok(3)];
+        assert!(try_collect::<i32, Error>(items.into_iter(), "x").is_err());
         grow(&mut v, 10, "x").unwrap();
         assert!(v.capacity() >= 10);
         assert!(matches!(

@@ -14,13 +14,13 @@
 //! request at a time, so two batches over overlapping ids cannot deadlock.
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
+use crate::alloc;
 use crate::automaton::Automaton;
 use crate::draft::{DraftOptions, build_draft_tree};
 use crate::error::{Error, Result, invalid, invalid_at};
@@ -67,6 +67,22 @@ impl fmt::Display for RequestId {
             }
             Self::Str(s) => write!(f, "'{}'", s.escape_debug()),
         }
+    }
+}
+
+impl RequestId {
+    /// A copy, its string (a caller's) in a fallible allocation.
+    fn try_clone(&self) -> Result<Self> {
+        Ok(match self {
+            Self::Int(v) => Self::Int(*v),
+            Self::Str(s) => {
+                let mut copy = String::new();
+                copy.try_reserve_exact(s.len())
+                    .map_err(|_| alloc::out_of_memory("a request id", s.len()))?;
+                copy.push_str(s);
+                Self::Str(copy)
+            }
+        })
     }
 }
 
@@ -194,16 +210,17 @@ impl Request {
 
 #[derive(Debug)]
 struct Entry {
-    /// Insertion number (the key of `Requests::order`).
+    /// Insertion number: `ids()` sorts by it.
     order: u64,
     state: Mutex<Request>,
 }
 
+/// The requests by id. Their insertion order (the only order `ids()` reports) is each entry's
+/// `order`, so the map is the pool's only container sized by the number of requests, and it
+/// grows by fallible reservations.
 #[derive(Debug, Default)]
 struct Requests {
     map: FxHashMap<RequestId, Entry>,
-    /// Insertion order: the only order `ids()` reports.
-    order: BTreeMap<u64, RequestId>,
     next: u64,
 }
 
@@ -291,9 +308,20 @@ impl DraftPool {
     }
 
     /// The request ids in insertion order.
-    #[must_use]
-    pub fn ids(&self) -> Vec<RequestId> {
-        self.requests.read().order.values().cloned().collect()
+    ///
+    /// # Errors
+    /// `OutOfMemory` if the system cannot provide the list.
+    pub fn ids(&self) -> Result<Vec<RequestId>> {
+        let requests = self.requests.read();
+        let mut ordered = alloc::collect(
+            requests.map.iter().map(|(id, e)| (e.order, id)),
+            "the pool's request ids",
+        )?;
+        ordered.sort_unstable_by_key(|&(order, _)| order);
+        alloc::try_collect(
+            ordered.into_iter().map(|(_, id)| id.try_clone()),
+            "the pool's request ids",
+        )
     }
 
     /// Approximate heap memory in bytes: every request's automaton and copy-logit table (as
@@ -314,13 +342,12 @@ impl DraftPool {
                 RequestId::Int(_) => 0,
             })
             .sum();
-        let entry = size_of::<RequestId>() + size_of::<Entry>() + 1;
-        // A B-tree entry: the key, the id, and about a third of a node's overhead.
-        let ordered = size_of::<u64>() + size_of::<RequestId>() + 16;
         states
-            + 2 * id_heap
-            + requests.map.capacity() * entry
-            + requests.order.len() * ordered
+            + id_heap
+            + alloc::hash_map_bytes(
+                requests.map.capacity(),
+                size_of::<RequestId>() + size_of::<Entry>(),
+            )
             + self.no_logits.as_ref().map_or(0, LogitsTable::memory_bytes)
     }
 
@@ -385,11 +412,13 @@ impl DraftPool {
             return Err(already()); // added by another thread meanwhile
         }
         requests.map.try_reserve(1).map_err(|_| {
-            crate::alloc::out_of_memory("the pool's request map", size_of::<Entry>())
+            // Growing means doubling: the table for twice the requests.
+            let entry = size_of::<RequestId>() + size_of::<Entry>();
+            let grown = alloc::hash_map_bytes(2 * requests.map.capacity().max(4), entry);
+            alloc::out_of_memory("the pool's request map", grown)
         })?;
         let order = requests.next;
         requests.next += 1;
-        requests.order.insert(order, id.clone());
         requests.map.insert(
             id,
             Entry {
@@ -406,10 +435,9 @@ impl DraftPool {
     /// `InvalidArgument` if `id` is not in the pool.
     pub fn remove(&self, id: &RequestId) -> Result<()> {
         let mut requests = self.requests.write();
-        let Some(entry) = requests.map.remove(id) else {
+        if requests.map.remove(id).is_none() {
             return Err(invalid_at(format!("id ({id})"), "unknown request id"));
-        };
-        requests.order.remove(&entry.order);
+        }
         Ok(())
     }
 
@@ -426,11 +454,13 @@ impl DraftPool {
         // before `i` is known, so an id that repeats one of them is known too and is reported
         // as a repeat, as an unknown one cannot repeat a known one. A small batch is scanned.
         const SCANNED: usize = 16;
+        let what = "the batch's requests";
         let mut seen: FxHashMap<*const Entry, usize> = FxHashMap::default();
         if ids.len() > SCANNED {
-            seen.reserve(ids.len());
+            seen.try_reserve(ids.len())
+                .map_err(|_| alloc::out_of_memory(what, ids.len().saturating_mul(24)))?;
         }
-        let mut entries: Vec<&Entry> = Vec::with_capacity(ids.len());
+        let mut entries: Vec<&Entry> = alloc::with_capacity(ids.len(), what)?;
         for (i, id) in ids.iter().enumerate() {
             let entry = requests
                 .map
@@ -488,7 +518,10 @@ impl DraftPool {
         }
         let total: usize = tokens.iter().map(|t| t.len()).sum();
         let workers = self.workers(ids.len(), total, PARALLEL_TOKENS_PER_THREAD);
-        let jobs: Vec<(&Entry, &[i32])> = entries.into_iter().zip(tokens.iter().copied()).collect();
+        let jobs = alloc::collect(
+            entries.into_iter().zip(tokens.iter().copied()),
+            "the batch's jobs",
+        )?;
         let done = map_batch(&jobs, workers, &|&(entry, t): &(&Entry, &[i32])| {
             entry.state.lock().automaton.extend(t)
         })?;
@@ -571,12 +604,14 @@ impl DraftPool {
         if let Some(c) = calibration {
             crate::draft::check_calibration(c)?;
         }
-        let jobs: Vec<(&Entry, i32, usize)> = entries
-            .into_iter()
-            .zip(last_tokens.iter().copied())
-            .zip(capacities.iter().copied())
-            .map(|((e, t), c)| (e, t, c))
-            .collect();
+        let jobs = alloc::collect(
+            entries
+                .into_iter()
+                .zip(last_tokens.iter().copied())
+                .zip(capacities.iter().copied())
+                .map(|((e, t), c)| (e, t, c)),
+            "the batch's jobs",
+        )?;
         let work = capacities.iter().fold(0usize, |a, &c| {
             a.saturating_add(PROPOSE_REQUEST_UNITS.saturating_add(c))
         });
@@ -597,11 +632,14 @@ impl DraftPool {
             let options = self.options.draft_options(capacity);
             build_draft_tree(automaton, table, next, &[], &options, calibration)
         })?;
-        let mut out = Vec::with_capacity(trees.len());
-        for (r, id) in trees.into_iter().zip(ids) {
-            out.push(r.map_err(|e| about(e, id))?);
-        }
-        Ok(BatchDraft::new(out))
+        let trees = alloc::try_collect(
+            trees
+                .into_iter()
+                .zip(ids)
+                .map(|(r, id)| r.map_err(|e| about(e, id))),
+            "the batch's trees",
+        )?;
+        BatchDraft::try_new(trees)
     }
 }
 
@@ -624,7 +662,7 @@ pub fn split_ragged<'t>(
             ),
         ));
     }
-    let mut out = Vec::with_capacity(lengths.len());
+    let mut out = alloc::with_capacity(lengths.len(), "the requests' token slices")?;
     let mut start = 0usize;
     for (i, (&n, id)) in lengths.iter().zip(ids).enumerate() {
         let n = usize::try_from(n).map_err(|_| {
@@ -659,36 +697,44 @@ pub fn split_ragged<'t>(
 
 /// `f` over every job, on up to `workers` threads (the calling thread included); results in
 /// job order whatever the thread count. Jobs are split into contiguous chunks, one per thread;
-/// a chunk whose thread cannot be started runs on the calling thread.
+/// a chunk whose thread cannot be started runs on the calling thread. Every buffer of results
+/// is a fallible allocation: the output is reserved for every job up front, so appending the
+/// threads' chunks to it allocates nothing.
 ///
 /// # Errors
-/// `Integrity` if a worker thread panicked.
+/// `Integrity` if a worker thread panicked; `OutOfMemory` if a results buffer cannot be had.
 fn map_batch<J: Sync, T: Send>(
     jobs: &[J],
     workers: usize,
     f: &(impl Fn(&J) -> T + Sync),
 ) -> Result<Vec<T>> {
+    const WHAT: &str = "the batch's results";
     if workers <= 1 || jobs.len() <= 1 {
-        return Ok(jobs.iter().map(f).collect());
+        return alloc::collect(jobs.iter().map(f), WHAT);
     }
+    let mut out = alloc::with_capacity(jobs.len(), WHAT)?;
     let chunk = jobs.len().div_ceil(workers);
     std::thread::scope(|scope| {
         let mut chunks = jobs.chunks(chunk);
         let first = chunks.next().unwrap_or(&[]);
+        // At most `MAX_THREADS` handles: not sized by the batch.
         let spawned: Vec<_> = chunks
             .map(|c| {
                 let handle = std::thread::Builder::new()
                     .name("racer-pool".into())
-                    .spawn_scoped(scope, move || c.iter().map(f).collect::<Vec<T>>());
+                    .spawn_scoped(scope, move || alloc::collect(c.iter().map(f), WHAT));
                 (c, handle)
             })
             .collect();
-        let mut out: Vec<T> = first.iter().map(f).collect();
-        let mut panicked = false;
+        out.extend(first.iter().map(f));
+        // Every thread is joined before returning (an unjoined one that panicked would make
+        // the scope panic).
+        let (mut panicked, mut failed) = (false, None);
         for (c, handle) in spawned {
             match handle {
                 Ok(h) => match h.join() {
-                    Ok(part) => out.extend(part),
+                    Ok(Ok(part)) => out.extend(part),
+                    Ok(Err(e)) => failed = failed.or(Some(e)),
                     Err(_) => panicked = true,
                 },
                 Err(_) => out.extend(c.iter().map(f)),
@@ -697,7 +743,7 @@ fn map_batch<J: Sync, T: Send>(
         if panicked {
             return Err(Error::Integrity("a drafting thread panicked".into()));
         }
-        Ok(out)
+        failed.map_or(Ok(out), Err)
     })
 }
 
@@ -712,14 +758,26 @@ pub struct BatchDraft {
 
 impl BatchDraft {
     /// A batch of trees.
+    ///
+    /// # Panics
+    /// If the memory for the offsets cannot be had; [`BatchDraft::try_new`] reports that as an
+    /// error instead (the pool's path).
     #[must_use]
     pub fn new(trees: Vec<DraftTree>) -> Self {
-        let mut offsets = Vec::with_capacity(trees.len() + 1);
+        Self::try_new(trees).expect("memory for the batch's offsets")
+    }
+
+    /// [`BatchDraft::new`] with a fallible allocation of the offsets.
+    ///
+    /// # Errors
+    /// `OutOfMemory` if the system cannot provide the offsets.
+    pub fn try_new(trees: Vec<DraftTree>) -> Result<Self> {
+        let mut offsets = alloc::with_capacity(trees.len() + 1, "the batch's offsets")?;
         offsets.push(0);
         for t in &trees {
             offsets.push(offsets[offsets.len() - 1] + t.len());
         }
-        Self { trees, offsets }
+        Ok(Self { trees, offsets })
     }
 
     /// Number of requests.
@@ -746,29 +804,36 @@ impl BatchDraft {
         &self.offsets
     }
 
-    fn flat(&self, part: impl Fn(&DraftTree) -> &[i32]) -> Vec<i32> {
-        let mut out = Vec::with_capacity(self.offsets[self.trees.len()]);
+    fn flat(&self, part: impl Fn(&DraftTree) -> &[i32]) -> Result<Vec<i32>> {
+        let mut out = alloc::with_capacity(self.offsets[self.trees.len()], "the batch's nodes")?;
         for t in &self.trees {
+            // Within the reservation (the offsets add up every tree's length).
             out.extend_from_slice(part(t));
         }
-        out
+        Ok(out)
     }
 
     /// Every node's token, request after request.
-    #[must_use]
-    pub fn tokens(&self) -> Vec<i32> {
+    ///
+    /// # Errors
+    /// `OutOfMemory` if the system cannot provide the array.
+    pub fn tokens(&self) -> Result<Vec<i32>> {
         self.flat(DraftTree::tokens)
     }
 
     /// Every node's parent as an index local to its request (`-1` at each root).
-    #[must_use]
-    pub fn parents(&self) -> Vec<i32> {
+    ///
+    /// # Errors
+    /// `OutOfMemory` if the system cannot provide the array.
+    pub fn parents(&self) -> Result<Vec<i32>> {
         self.flat(DraftTree::parents)
     }
 
     /// Every node's edge cell (`-1` at each root).
-    #[must_use]
-    pub fn cells(&self) -> Vec<i32> {
+    ///
+    /// # Errors
+    /// `OutOfMemory` if the system cannot provide the array.
+    pub fn cells(&self) -> Result<Vec<i32>> {
         self.flat(DraftTree::cells)
     }
 
@@ -780,7 +845,8 @@ impl BatchDraft {
     /// root.
     ///
     /// # Errors
-    /// `InvalidArgument` if `n` is 0 or the mask would exceed `MAX_LAYOUT_CELLS`.
+    /// `InvalidArgument` if `n` is 0 or the mask would exceed `MAX_LAYOUT_CELLS`;
+    /// `OutOfMemory` if the system cannot provide the arrays.
     pub fn sglang(&self, n: usize) -> Result<(Vec<i64>, Vec<bool>)> {
         let bs = self.trees.len();
         if n == 0 {
@@ -798,8 +864,8 @@ impl BatchDraft {
                     ),
                 )
             })?;
-        let mut tokens = vec![0i64; bs * n];
-        let mut mask = vec![false; cells];
+        let mut tokens = alloc::filled("n", "the layout's tokens", bs * n, 0i64)?;
+        let mut mask = alloc::filled("n", "the layout's mask", cells, false)?;
         for (b, tree) in self.trees.iter().enumerate() {
             let m = tree.len().min(n);
             let rows = &mut mask[b * n * n..(b + 1) * n * n];
@@ -822,14 +888,16 @@ impl BatchDraft {
     /// of them (those nearest the root). The best path ends at the deepest leaf, ties going to
     /// the smallest node index (BFS order): in BFS order that is the first node of the
     /// greatest depth.
-    #[must_use]
-    pub fn chains(&self, k: usize) -> Vec<Vec<i32>> {
-        self.trees
-            .iter()
-            .map(|tree| {
+    ///
+    /// # Errors
+    /// `OutOfMemory` if the system cannot provide the lists.
+    pub fn chains(&self, k: usize) -> Result<Vec<Vec<i32>>> {
+        alloc::try_collect(
+            self.trees.iter().map(|tree| {
                 let depths = tree.depths();
                 let deepest = depths.last().copied().unwrap_or(0);
                 let leaf = depths.partition_point(|&d| d < deepest);
+                // At most a tree's depth (below `MAX_TREE_NODES`): not sized by the batch.
                 let mut path = Vec::with_capacity(deepest as usize);
                 let mut u = leaf as i32;
                 while u > 0 {
@@ -838,9 +906,10 @@ impl BatchDraft {
                 }
                 path.reverse();
                 path.truncate(k);
-                path
-            })
-            .collect()
+                Ok(path)
+            }),
+            "the batch's chains",
+        )
     }
 }
 

@@ -1,13 +1,18 @@
-"""Shared test setup: single-threaded torch and the location of the shared reference models."""
+"""Shared test setup: single-threaded torch, a cache folder of the session's own and the shared reference models."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# The suite never reads or writes the user's cache: what capacity="auto" learned on this machine
+# (cost curves, calibrations) would change the trees the tests see. CI sets its own folder.
+os.environ.setdefault("RACER_RS_CACHE", tempfile.mkdtemp(prefix="racer_rs_test_cache_"))
 
 
 def shared_dir() -> Path:

@@ -9,11 +9,14 @@ must pass on ``pip install racer-rs`` alone.
 from __future__ import annotations
 
 import array
+import contextlib
+import inspect
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import racer_rs
-from racer_rs import InvalidArgumentError, InvalidTypeError, RacerError, build_draft_tree
+from racer_rs import InvalidArgumentError, InvalidTypeError, RacerError, _native, build_draft_tree
 from racer_rs.drafters.racer import RacerOptions
 from racer_rs.integrations.options import ENV_VAR, ServingOptions
 from racer_rs.integrations.sglang import RacerCorpus, resolve_server_args
@@ -348,6 +351,163 @@ def test_the_python_constructors_check_their_arguments(argument: str, call: Call
         call()
 
 
+# --- E, second part: every public callable of the extension binds its own arguments -----------------
+#
+# A call that cannot be bound (a required argument missing, a positional one too many, an unknown
+# keyword, a value given by position and by keyword) is an InvalidTypeError naming the entry point,
+# never PyO3's plain TypeError. The callables are found by introspection, so one added to the
+# extension later is swept without editing this file (a new class needs an instance below).
+
+#: A fresh instance of each native class, to call its methods on. A class added to the extension
+#: without an entry here fails the sweep of its methods, naming itself.
+INSTANCES: dict[str, Callable[[], Any]] = {
+    "Automaton": _automaton,
+    "BatchDraft": lambda: _pool().propose(["a"], [1], 4),
+    "DraftPool": _pool,
+    "DraftTree": _tree,
+    "LogitsTable": _table,
+}
+
+
+def _native_callables() -> list[str]:
+    """Every public function and class (its constructor) of ``racer_rs._native`` and every public
+    method of those classes (properties excluded: they take no arguments), by name."""
+    names = []
+    for name, obj in sorted(vars(_native).items()):
+        if name.startswith("_") or not callable(obj):
+            continue
+        names.append(name)
+        if isinstance(obj, type):
+            names += [
+                f"{name}.{attr}"
+                for attr, raw in sorted(vars(obj).items())
+                if not attr.startswith("_") and not isinstance(raw, types.GetSetDescriptorType)
+            ]
+    return names
+
+
+NATIVE_CALLABLES = _native_callables()
+SWEEP = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _callable(where: str) -> Callable[..., Any]:
+    """The function or class named ``where``, or the method bound to a fresh instance."""
+    owner, _, method = where.partition(".")
+    native: Callable[..., Any] = getattr(_native, owner)
+    if not method:
+        return native
+    if owner not in INSTANCES:
+        pytest.fail(f"no instance to call {where} on: add {owner} to INSTANCES")
+    bound: Callable[..., Any] = getattr(INSTANCES[owner](), method)
+    return bound
+
+
+def _parameters(call: Callable[..., Any]) -> list[inspect.Parameter]:
+    """The parameters a caller sees (a bound method's ``self`` excluded), from the text signature."""
+    return list(inspect.signature(call).parameters.values())
+
+
+def _positional(parameters: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    return [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _takes_any(parameters: list[inspect.Parameter], kind: inspect._ParameterKind) -> bool:
+    return any(p.kind == kind for p in parameters)
+
+
+def test_the_sweep_finds_every_kind_of_entry_point() -> None:
+    # Functions, constructors, methods, class and static methods; no property, no private name.
+    for where in [
+        "prompt_lookup",
+        "build_draft_tree",
+        "edge_cell_priors",
+        "DraftPool",
+        "BatchDraft",
+        "DraftPool.propose",
+        "Automaton.extend",
+        "Automaton.load",
+        "DraftTree.chain",
+        "BatchDraft.sglang",
+    ]:
+        assert where in NATIVE_CALLABLES, where
+    assert "DraftPool.vocab_size" not in NATIVE_CALLABLES and "EDGE_CELLS" not in NATIVE_CALLABLES
+    assert not [w for w in NATIVE_CALLABLES if "._" in w or w.startswith("_")]
+    assert sorted(n for n in vars(_native) if isinstance(getattr(_native, n), type)) == sorted(INSTANCES)
+
+
+@pytest.mark.parametrize("where", NATIVE_CALLABLES)
+def test_a_call_without_its_required_arguments_is_an_invalid_type_error(where: str) -> None:
+    call = _callable(where)
+    parameters = _parameters(call)
+    required = [p.name for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if not required:
+        with contextlib.suppress(RacerError):  # nothing required: the call binds (it may still refuse)
+            call()
+        return
+    with pytest.raises(InvalidTypeError) as error:
+        call()
+    message = str(error.value)
+    assert f"{where}()" in message and "missing" in message, message
+    assert all(f"'{name}'" in message for name in required), message
+
+
+@pytest.mark.parametrize("where", NATIVE_CALLABLES)
+@SWEEP
+@given(data=st.data())
+def test_an_unknown_keyword_is_an_invalid_type_error(where: str, data: st.DataObject) -> None:
+    call = _callable(where)
+    parameters = _parameters(call)
+    known = {p.name for p in parameters}
+    unknown = data.draw(
+        st.lists(
+            st.text(min_size=1, max_size=12).filter(lambda k: k not in known), min_size=1, max_size=3, unique=True
+        ),
+        label="unknown keywords",
+    )
+    # With some positional arguments and known keywords, or none: the unknown one is named all the
+    # same, before any argument's value is looked at.
+    positional = _positional(parameters)
+    args = [0] * data.draw(st.integers(0, len(positional)), label="positional arguments")
+    given_by_position = {p.name for p in positional[: len(args)]}
+    free = sorted(known - given_by_position)
+    keywords = data.draw(st.lists(st.sampled_from(free), unique=True), label="known keywords") if free else []
+    kwargs = dict.fromkeys(keywords + unknown, 0)
+    with pytest.raises(InvalidTypeError) as error:
+        call(*args, **kwargs)
+    message = str(error.value)
+    assert f"{where}()" in message, message
+    if not _takes_any(parameters, inspect.Parameter.VAR_KEYWORD):
+        assert "unknown keyword" in message and repr(unknown[0]) in message, message
+
+
+@pytest.mark.parametrize("where", NATIVE_CALLABLES)
+@SWEEP
+@given(surplus=st.integers(1, 5), value=st.sampled_from([0, None, "x", [1, 2], np.int32(3)]))
+def test_a_positional_argument_too_many_is_an_invalid_type_error_everywhere(
+    where: str, surplus: int, value: Any
+) -> None:
+    call = _callable(where)
+    parameters = _parameters(call)
+    args = [value] * (len(_positional(parameters)) + surplus)
+    with pytest.raises(InvalidTypeError) as error:
+        call(*args)
+    message = str(error.value)
+    assert f"{where}()" in message, message
+    if not _takes_any(parameters, inspect.Parameter.VAR_POSITIONAL):
+        assert f"{surplus} positional argument(s) too many" in message, message
+
+
+@pytest.mark.parametrize("where", NATIVE_CALLABLES)
+def test_an_argument_given_by_position_and_by_keyword_is_an_invalid_type_error(where: str) -> None:
+    call = _callable(where)
+    named = [p for p in _parameters(call) if p.kind == p.POSITIONAL_OR_KEYWORD]
+    for i, parameter in enumerate(named):
+        with pytest.raises(
+            InvalidTypeError, match=f"{where}\\(\\) got multiple values for argument '{parameter.name}'"
+        ):
+            call(*[0] * (i + 1), **{parameter.name: 0})
+
+
 # --- F. the copy-logit table's accessors ------------------------------------------------------------
 
 
@@ -394,12 +554,18 @@ def test_a_replaced_index_file_is_reloaded(tmp_path: Path) -> None:
 
 # --- A. an allocation that fails is an OutOfMemoryError, never an abort -------------------------------
 
-#: The child: limit its address space to what it uses now plus 768 MiB, then run one case.
+#: The child: limit its address space to what it uses now plus 768 MiB, then run one case (in the
+#: folder argv[2] for the cases that make files).
 _CHILD = textwrap.dedent(
     """
-    import resource, sys
+    import itertools, os, resource, struct, sys, threading
     import numpy as np
     import racer_rs
+
+    def index_header(live):
+        # A valid header (see automaton/persist.rs) for `live` nodes, no free slot, no recent token.
+        fields = struct.pack("<4I2Q4I", 1, 0, 4, 2, 2**32 - 2, 0, live + 1, live, 0, 0)
+        return b"RACERIDX" + fields
 
     def vm_bytes():
         with open("/proc/self/status") as status:
@@ -445,31 +611,96 @@ _CHILD = textwrap.dedent(
         elif case == "a large pool argument":
             ids = np.zeros(80 << 20, np.int64)
             racer_rs.DraftPool(100).add("a", ids)
+        elif case == "many requests":
+            # Requests until the pool's bookkeeping outgrows the address space (the smallest
+            # states: no prompt, no copy-logit table), then with str ids.
+            for make_id in (int, "request {}".format):
+                pool = racer_rs.DraftPool(100, use_logits=False)
+                try:
+                    for i in itertools.count():
+                        pool.add(make_id(i), ())
+                except racer_rs.OutOfMemoryError:
+                    if make_id is int:
+                        assert pool.ids()[:3] == [0, 1, 2]
+                        continue
+                    raise
+        elif case == "an endless file":
+            racer_rs.Automaton.load("/dev/zero")
+        elif case == "a short file claiming a huge index":
+            path = os.path.join(sys.argv[2], "short.racer")
+            with open(path, "wb") as f:
+                f.write(index_header(2**32 - 2) + bytes(4))
+            racer_rs.Automaton.load(path)
+        elif case == "a file claiming a huge index":
+            path = os.path.join(sys.argv[2], "sparse.racer")
+            live = 40_000_000  # 25 bytes a node: a 1 GB file, sparse on disk
+            with open(path, "wb") as f:
+                f.write(index_header(live))
+                f.truncate(56 + 25 * live + 4)
+            racer_rs.Automaton.load(path)
+        elif case == "a pipe claiming a huge index":
+            path = os.path.join(sys.argv[2], "pipe.racer")
+            os.mkfifo(path)
+
+            def write():
+                with open(path, "wb") as pipe:
+                    pipe.write(index_header(2**32 - 2))
+                    try:
+                        while True:
+                            pipe.write(bytes(1 << 16))
+                    except BrokenPipeError:
+                        pass
+
+            threading.Thread(target=write, daemon=True).start()
+            racer_rs.Automaton.load(path)
+        elif case == "a large retrieve context":
+            # 600 MiB of int32 ids (read in place): drafting looks at their last ngram - 1 only,
+            # so the call needs no copy of them. It fits: "no error" is the outcome here.
+            automaton = racer_rs.Automaton(ngram=4)
+            automaton.extend([1, 2, 3, 1, 2])
+            context = np.zeros(150 << 20, np.int32)
+            context[-2:] = [1, 2]
+            assert automaton.retrieve(3, 4, context=context).tokens.tolist() == [3, 1, 2]
+            print("no error")
+            sys.exit(0)
+        elif case == "a large bytearray image":
+            racer_rs.Automaton.from_bytes(bytearray(600 << 20))  # its copy cannot fit
         else:
             raise SystemExit("unknown case")
-    except racer_rs.OutOfMemoryError as exc:
-        assert isinstance(exc, MemoryError)
-        print("OutOfMemoryError:", exc)
+    except (racer_rs.OutOfMemoryError, racer_rs.CorruptFileError) as exc:
+        assert isinstance(exc, (MemoryError, ValueError))
+        print(f"{type(exc).__name__}:", exc)
         sys.exit(0)
     print("no error")
     sys.exit(1)
     """
 )
 
-MEMORY_CASES = [
-    "automata",
-    "tables",
-    "pool requests",
-    "a large argument",
-    "a large list",
-    "a large pool argument",
-]
+#: Each case and the error it must end in.
+MEMORY_CASES = {
+    "automata": "OutOfMemoryError",
+    "tables": "OutOfMemoryError",
+    "pool requests": "OutOfMemoryError",
+    "a large argument": "OutOfMemoryError",
+    "a large list": "OutOfMemoryError",
+    "a large pool argument": "OutOfMemoryError",
+    "many requests": "OutOfMemoryError",
+    # Index files: the header is checked against the file before the image is allocated, and a
+    # file that never ends is read no further than its header describes.
+    "an endless file": "CorruptFileError",
+    "a short file claiming a huge index": "CorruptFileError",
+    "a file claiming a huge index": "OutOfMemoryError",
+    "a pipe claiming a huge index": "OutOfMemoryError",
+    "a large bytearray image": "OutOfMemoryError",
+    "a large retrieve context": "no error",
+}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status are Linux's")
-@pytest.mark.parametrize("case", MEMORY_CASES)
-def test_an_allocation_beyond_the_address_space_limit_is_a_memory_error(case: str) -> None:
+@pytest.mark.parametrize("case", sorted(MEMORY_CASES))
+def test_an_allocation_beyond_the_address_space_limit_is_a_memory_error(case: str, tmp_path: Path) -> None:
     env = os.environ | {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", _CHILD, case], capture_output=True, text=True, timeout=300, env=env)
+    argv = [sys.executable, "-c", _CHILD, case, str(tmp_path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, (done.returncode, done.stdout[-500:], done.stderr[-2000:])
-    assert done.stdout.startswith("OutOfMemoryError:"), done.stdout
+    assert done.stdout.split(":")[0].strip() == MEMORY_CASES[case], done.stdout

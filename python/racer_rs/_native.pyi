@@ -2,7 +2,7 @@
 
 import os
 from collections.abc import Callable, Sequence
-from typing import final
+from typing import NoReturn, final
 
 import numpy as np
 import numpy.typing as npt
@@ -605,6 +605,9 @@ class BatchDraft:
     ``offsets[i]:offsets[i + 1]``, each tree in its own BFS order); the layouts are built in
     Rust from the same trees.
     """
+
+    def __new__(cls, *args: object, **kwargs: object) -> NoReturn:
+        """Not built from Python: :meth:`DraftPool.propose` returns one (``InvalidTypeError``)."""
 
     @property
     def tokens(self) -> npt.NDArray[np.int32]:

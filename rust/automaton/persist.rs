@@ -172,34 +172,79 @@ impl Automaton {
 
     /// Read an automaton saved by [`Automaton::save`].
     ///
+    /// The header is read first: the image length its counts describe must be the file's (for
+    /// a regular file) before anything is allocated for the image, and what is read never
+    /// exceeds that length by more than a byte, so neither a damaged header nor a file that
+    /// does not end (`/dev/zero`, a pipe) can make the load allocate more than the file holds,
+    /// or read forever.
+    ///
     /// # Errors
     /// `Io` if the file cannot be read; `CorruptFile` (naming the file) as for
-    /// [`Automaton::from_bytes`].
+    /// [`Automaton::from_bytes`]; `OutOfMemory` if the system cannot provide the image's bytes.
     pub fn load(path: &Path) -> Result<Self> {
-        let mut file = File::open(path).map_err(|e| io_error(path, &e))?;
-        let size = file.metadata().map_err(|e| io_error(path, &e))?.len();
-        let mut data: Vec<u8> = buffer(
-            "an index file's bytes",
-            usize::try_from(size).unwrap_or(usize::MAX),
-            0,
-        )?;
-        data.clear();
-        file.read_to_end(&mut data)
-            .map_err(|e| io_error(path, &e))?;
-        decode(&data, &path.display().to_string())
+        let source = path.display().to_string();
+        let read_error = |e: std::io::Error| io_error(path, &e);
+        let mut file = File::open(path).map_err(read_error)?;
+        let metadata = file.metadata().map_err(read_error)?;
+        let mut data = Vec::new();
+        (&mut file)
+            .take(HEADER_LEN as u64)
+            .read_to_end(&mut data)
+            .map_err(read_error)?;
+        if data.len() < HEADER_LEN {
+            return decode(&data, &source); // too short for an image: says what is wrong
+        }
+        let described = described_len(&data);
+        // A regular file's length is known: the header must describe it. Other files (a pipe,
+        // a device) are read up to the described length, and one byte more to see them end.
+        let len = if metadata.is_file() {
+            metadata.len()
+        } else {
+            described
+        };
+        check_header(&data, len, &source)?;
+        let rest = usize::try_from(described + 1)
+            .ok()
+            .and_then(|n| n.checked_sub(data.len()))
+            .unwrap_or(usize::MAX);
+        data.try_reserve_exact(rest).map_err(|_| {
+            out_of_memory(
+                "an index file's bytes",
+                usize::try_from(described).unwrap_or(usize::MAX),
+            )
+        })?;
+        // Within the reservation (`take` stops at its end): no further allocation.
+        file.take(rest as u64)
+            .read_to_end(&mut data)
+            .map_err(read_error)?;
+        decode(&data, &source)
     }
 }
 
-fn decode(data: &[u8], source: &str) -> Result<Automaton> {
+/// The image length (in bytes) that the header at the start of `data` describes: the header,
+/// the recent tokens, the free list, the live nodes and the checksum. `data` holds at least
+/// the header.
+fn described_len(data: &[u8]) -> u64 {
+    let field = |at: usize| u64::from(u32_at(data, at));
+    let (live, free_len, recent_len) = (field(44), field(48), field(52));
+    (HEADER_LEN + CHECKSUM_LEN) as u64 + 4 * (recent_len + free_len) + NODE_LEN as u64 * live
+}
+
+/// Every check that needs only the header, for an image of `len` bytes that starts with
+/// `data` (the whole image, or at least its header): the magic, the version, the minimum
+/// length, and the length the header describes.
+///
+/// # Errors
+/// `CorruptFile` naming `source` and what is wrong.
+fn check_header(data: &[u8], len: u64, source: &str) -> Result<()> {
     let corrupt = |msg: String| Error::CorruptFile {
         source_name: source.to_string(),
         msg,
     };
-    let len = data.len();
     if len == 0 {
         return Err(corrupt("is empty, not an automaton image".into()));
     }
-    let head = &data[..len.min(MAGIC.len())];
+    let head = &data[..data.len().min(MAGIC.len())];
     if head != &MAGIC[..head.len()] {
         return Err(corrupt(format!(
             "is not an automaton image (starts with {head:02x?}, expected {MAGIC:02x?} = \"RACERIDX\")"
@@ -222,11 +267,37 @@ fn decode(data: &[u8], source: &str) -> Result<Automaton> {
             "has format version {version} ({why}); this build reads version {FORMAT_VERSION}"
         )));
     }
-    if len < minimum {
+    if len < minimum as u64 {
         return Err(corrupt(format!(
             "is truncated: {len} bytes, shorter than the {minimum}-byte minimum"
         )));
     }
+    let expected = described_len(data);
+    if len != expected {
+        let what = if len < expected {
+            "is truncated"
+        } else {
+            "has trailing bytes"
+        };
+        let field = |at: usize| u32_at(data, at);
+        return Err(corrupt(format!(
+            "{what}: {len} bytes, but its header describes {expected} \
+             ({} nodes, {} free slots, {} recent tokens)",
+            field(44),
+            field(48),
+            field(52)
+        )));
+    }
+    Ok(())
+}
+
+fn decode(data: &[u8], source: &str) -> Result<Automaton> {
+    let corrupt = |msg: String| Error::CorruptFile {
+        source_name: source.to_string(),
+        msg,
+    };
+    let len = data.len();
+    check_header(data, len as u64, source)?;
     let mut r = Reader { data, at: 12 };
     let flags = r.u32();
     let ngram = r.u32();
@@ -237,20 +308,6 @@ fn decode(data: &[u8], source: &str) -> Result<Automaton> {
     let live = r.u32();
     let free_len = r.u32();
     let recent_len = r.u32();
-    let expected = (HEADER_LEN + CHECKSUM_LEN) as u64
-        + 4 * (u64::from(recent_len) + u64::from(free_len))
-        + NODE_LEN as u64 * u64::from(live);
-    if len as u64 != expected {
-        let what = if (len as u64) < expected {
-            "is truncated"
-        } else {
-            "has trailing bytes"
-        };
-        return Err(corrupt(format!(
-            "{what}: {len} bytes, but its header describes {expected} \
-             ({live} nodes, {free_len} free slots, {recent_len} recent tokens)"
-        )));
-    }
     let stored = u32_at(data, len - CHECKSUM_LEN);
     let computed = crc32(&data[..len - CHECKSUM_LEN]);
     if stored != computed {

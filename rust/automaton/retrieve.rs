@@ -136,7 +136,10 @@ impl Automaton {
         if let Some(&t) = context.iter().find(|&&t| t < 0) {
             check_token("context", t)?;
         }
-        let context: Vec<u32> = context.iter().map(|&t| t as u32).collect();
+        // Only its last `ngram - 1` tokens can match (`borders_for`): a copy of those alone,
+        // however long the caller's context.
+        let tail = &context[context.len().saturating_sub(self.ngram - 1)..];
+        let context: Vec<u32> = tail.iter().map(|&t| t as u32).collect();
         let mut builder = TreeBuilder::new(next_token);
         let used = self.retrieve_after_into(
             &mut builder,

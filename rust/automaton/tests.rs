@@ -270,6 +270,52 @@ fn huge_counts_in_a_header_do_not_allocate() {
 }
 
 #[test]
+fn load_checks_the_header_against_the_file_before_reading_it() {
+    let dir = std::env::temp_dir().join(format!("racer-header-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let load_error = |name: &str, bytes: &[u8]| {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        match Automaton::load(&path) {
+            Err(Error::CorruptFile { msg, .. }) => msg,
+            other => panic!("{name}: {other:?}"),
+        }
+    };
+    let mut a = Automaton::new(4, 100, 2).unwrap();
+    a.extend(&[1, 2, 3, 1, 2]).unwrap();
+    let image = a.to_bytes();
+    // A header that claims 2**32 - 2 nodes in a file of a few bytes: refused from the file's
+    // length, before anything is allocated for the 107 GB it describes.
+    let mut huge = image[..56].to_vec(); // the header
+    huge[40..44].copy_from_slice(&(u32::MAX - 1).to_le_bytes());
+    huge[44..48].copy_from_slice(&(u32::MAX - 2).to_le_bytes());
+    huge[48..56].fill(0);
+    huge.extend_from_slice(&[0; 4]);
+    let msg = load_error("huge", &huge);
+    assert!(
+        msg.contains("is truncated") && msg.contains("107374182"),
+        "{msg}"
+    );
+    let mut longer = image.clone();
+    longer.push(0);
+    assert!(load_error("longer", &longer).contains("has trailing bytes"));
+    assert!(load_error("short", &image[..30]).contains("truncated"));
+    assert!(load_error("empty", &[]).contains("is empty"));
+    std::fs::write(dir.join("good"), &image).unwrap();
+    assert_eq!(
+        Automaton::load(&dir.join("good")).unwrap().to_bytes(),
+        image
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    // A file that never ends is read no further than a header.
+    #[cfg(target_os = "linux")]
+    match Automaton::load(std::path::Path::new("/dev/zero")) {
+        Err(Error::CorruptFile { msg, .. }) => assert!(msg.contains("not an automaton image")),
+        other => panic!("/dev/zero: {other:?}"),
+    }
+}
+
+#[test]
 fn the_linear_check_agrees_with_brute_force_and_catches_a_wrong_link() {
     let mut a = Automaton::new(5, 30, 2).unwrap();
     feed(&mut a, &workload(33, 500, 4));

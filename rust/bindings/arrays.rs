@@ -6,7 +6,7 @@ use numpy::{
 };
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyList, PyString, PyTuple};
 
 use std::fmt::Display;
 
@@ -100,8 +100,9 @@ fn other_integer_array(
 }
 
 /// Extract a 1-D sequence of ints from a list/tuple of ints or an integer numpy array (int32
-/// borrowed without a copy when contiguous and longer than `COPY_MAX_ELEMENTS`; any other integer dtype range-checked). Python bools
-/// are refused inside lists as they are as arrays and scalars: `True` is not the int 1 here.
+/// borrowed without a copy when contiguous and longer than `COPY_MAX_ELEMENTS`; any other
+/// integer dtype range-checked). Python bools are refused inside lists as they are as arrays
+/// and scalars: `True` is not the int 1 here.
 /// Negative values pass: this is the rule for parents, cells, ranks and lengths; token ids go
 /// through [`token_arg`].
 pub(crate) fn int_arg<'py>(
@@ -492,34 +493,4 @@ pub(crate) fn type_name(obj: &Borrowed<'_, '_, PyAny>) -> String {
     obj.get_type()
         .name()
         .map_or_else(|_| "?".into(), |n| n.to_string())
-}
-
-/// Refuse arguments a native constructor or function does not take (positional ones beyond its
-/// own, unknown keywords), as an `InvalidTypeError` naming them and the accepted ones (PyO3's
-/// own errors for these are plain `TypeError`s). `extra` and `unexpected` are the entry point's
-/// `*args` and `**kwargs` catch-alls.
-pub(crate) fn no_unknown_keywords(
-    func: &str,
-    extra: &Bound<'_, PyTuple>,
-    unexpected: Option<&Bound<'_, PyDict>>,
-    accepted: &str,
-) -> PyResult<()> {
-    if !extra.is_empty() {
-        return Err(type_error(format!(
-            "{func}() got {} positional argument(s) too many; it takes {accepted} (the later ones by keyword)",
-            extra.len()
-        )));
-    }
-    let Some(extra) = unexpected.filter(|d| !d.is_empty()) else {
-        return Ok(());
-    };
-    let names: Vec<String> = extra
-        .keys()
-        .iter()
-        .map(|k| k.str().map_or_else(|_| "?".into(), |s| format!("'{s}'")))
-        .collect();
-    Err(type_error(format!(
-        "{func}() got unknown keyword argument(s) {}; it takes {accepted}",
-        names.join(", ")
-    )))
 }

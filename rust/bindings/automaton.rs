@@ -7,10 +7,11 @@ use std::path::PathBuf;
 use parking_lot::RwLock;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::types::{PyBytes, PyDict, PyTuple, PyType};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyTuple, PyType};
 
-use super::arrays::{Int, at_least, no_unknown_keywords, token_arg, token_id};
-use super::errors::{type_error, value_error};
+use super::arrays::{Int, at_least, token_arg, token_id};
+use super::errors::{memory_error, type_error, value_error};
+use super::signature::{Given, Signature, no_arguments, or_default, unless_none};
 use super::tree::PyDraftTree;
 use crate::automaton::{Automaton, write_atomic};
 use crate::error::Error;
@@ -51,23 +52,27 @@ fn path_arg(obj: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
 #[pymethods]
 impl PyAutomaton {
     #[new]
-    #[pyo3(signature = (ngram = Int::of(10), max_nodes = None, min_depth = Int::of(2), *extra, capacity = None, **unexpected))]
+    #[pyo3(signature = (ngram = Given::MISSING, max_nodes = Given::MISSING, min_depth = Given::MISSING, /, *extra, capacity = None, **kwargs))]
     #[pyo3(text_signature = "(ngram=10, max_nodes=None, min_depth=2, *, capacity=None)")]
     fn py_new(
-        ngram: Int,
-        max_nodes: Option<Int>,
-        min_depth: Int,
+        ngram: Given<'_>,
+        max_nodes: Given<'_>,
+        min_depth: Given<'_>,
         extra: &Bound<'_, PyTuple>,
         capacity: Option<Int>,
-        unexpected: Option<&Bound<'_, PyDict>>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        no_unknown_keywords(
+        const SIGNATURE: Signature<0, 3> = Signature::new(
             "Automaton",
-            extra,
-            unexpected,
-            "ngram, max_nodes, min_depth, capacity",
-        )?;
-        let ngram = at_least(ngram, 2, "ngram")?;
+            [],
+            ["ngram", "max_nodes", "min_depth"],
+            &["capacity"],
+        );
+        let ([], [ngram, max_nodes, min_depth]) =
+            SIGNATURE.bind([], [ngram, max_nodes, min_depth], extra, kwargs)?;
+        let ngram = at_least(or_default(ngram.as_ref(), Int::of(10))?, 2, "ngram")?;
+        let max_nodes: Option<Int> = unless_none(max_nodes).map(|m| m.extract()).transpose()?;
+        let min_depth = or_default(min_depth.as_ref(), Int::of(2))?;
         // `capacity` is the node budget's earlier name, kept as an alias.
         let (name, budget) = match (max_nodes, capacity) {
             (Some(_), Some(_)) => {
@@ -137,8 +142,18 @@ impl PyAutomaton {
 
     /// Append tokens to the context (zero-copy for contiguous int32 arrays; the array must
     /// not be mutated while the call runs).
-    fn extend(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
-        let t = token_arg(tokens, "tokens")?;
+    #[pyo3(signature = (tokens = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, tokens)")]
+    fn extend(
+        &self,
+        py: Python<'_>,
+        tokens: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        const SIGNATURE: Signature<1, 0> = Signature::new("Automaton.extend", ["tokens"], [], &[]);
+        let ([tokens], []) = SIGNATURE.bind([tokens], [], extra, kwargs)?;
+        let t = token_arg(&tokens, "tokens")?;
         let slice = t.as_slice();
         if slice.len() < DETACH_MIN_TOKENS {
             // Without waiting for the lock while holding the GIL: a busy automaton (another
@@ -150,35 +165,70 @@ impl PyAutomaton {
         Ok(py.detach(|| self.inner.write().extend(slice))?)
     }
 
-    fn new_sequence(&self) {
+    #[pyo3(signature = (*extra, **kwargs))]
+    #[pyo3(text_signature = "($self)")]
+    fn new_sequence(
+        &self,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        no_arguments("Automaton.new_sequence").bind_none(extra, kwargs)?;
         self.inner.write().new_sequence();
+        Ok(())
     }
 
-    fn clear(&self) {
+    #[pyo3(signature = (*extra, **kwargs))]
+    #[pyo3(text_signature = "($self)")]
+    fn clear(
+        &self,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        no_arguments("Automaton.clear").bind_none(extra, kwargs)?;
         self.inner.write().clear();
+        Ok(())
     }
 
-    fn count(&self, pattern: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let p = token_arg(pattern, "pattern")?;
+    #[pyo3(signature = (pattern = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, pattern)")]
+    fn count(
+        &self,
+        pattern: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<u64> {
+        const SIGNATURE: Signature<1, 0> = Signature::new("Automaton.count", ["pattern"], [], &[]);
+        let ([pattern], []) = SIGNATURE.bind([pattern], [], extra, kwargs)?;
+        let p = token_arg(&pattern, "pattern")?;
         Ok(self.inner.read().count(p.as_slice())?)
     }
 
-    #[pyo3(signature = (next_token, budget, context = None))]
-    #[pyo3(text_signature = "(self, next_token, budget, context=None)")]
+    #[pyo3(signature = (next_token = Given::MISSING, budget = Given::MISSING, context = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, next_token, budget, context=None)")]
     fn retrieve(
         &self,
         py: Python<'_>,
-        next_token: Int,
-        budget: Int,
-        context: Option<&Bound<'_, PyAny>>,
+        next_token: Given<'_>,
+        budget: Given<'_>,
+        context: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyDraftTree> {
-        let next_token = token_id(next_token, "next_token")?;
-        let budget = at_least(budget, 1, "budget")?;
-        let Some(context) = context else {
+        const SIGNATURE: Signature<2, 1> = Signature::new(
+            "Automaton.retrieve",
+            ["next_token", "budget"],
+            ["context"],
+            &[],
+        );
+        let ([next_token, budget], [context]) =
+            SIGNATURE.bind([next_token, budget], [context], extra, kwargs)?;
+        let next_token = token_id(next_token.extract()?, "next_token")?;
+        let budget = at_least(budget.extract()?, 1, "budget")?;
+        let Some(context) = unless_none(context) else {
             let tree = py.detach(|| self.inner.write().retrieve(next_token, budget))?;
             return Ok(tree.into());
         };
-        let c = token_arg(context, "context")?;
+        let c = token_arg(&context, "context")?;
         let slice = c.as_slice();
         let tree = py.detach(|| {
             // Read under the shared lock, then refresh recency under the write lock.
@@ -194,17 +244,42 @@ impl PyAutomaton {
         Ok(tree.into())
     }
 
-    fn memory_bytes(&self) -> usize {
-        self.inner.read().memory_bytes()
+    #[pyo3(signature = (*extra, **kwargs))]
+    #[pyo3(text_signature = "($self)")]
+    fn memory_bytes(
+        &self,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<usize> {
+        no_arguments("Automaton.memory_bytes").bind_none(extra, kwargs)?;
+        Ok(self.inner.read().memory_bytes())
     }
 
-    fn check_integrity(&self, py: Python<'_>) -> PyResult<()> {
+    #[pyo3(signature = (*extra, **kwargs))]
+    #[pyo3(text_signature = "($self)")]
+    fn check_integrity(
+        &self,
+        py: Python<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        no_arguments("Automaton.check_integrity").bind_none(extra, kwargs)?;
         Ok(py.detach(|| self.inner.read().check_integrity())?)
     }
 
     /// Write the automaton to ``path`` atomically (temporary file, fsync, rename).
-    fn save(&self, py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<()> {
-        let path = path_arg(path)?;
+    #[pyo3(signature = (path = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, path)")]
+    fn save(
+        &self,
+        py: Python<'_>,
+        path: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        const SIGNATURE: Signature<1, 0> = Signature::new("Automaton.save", ["path"], [], &[]);
+        let ([path], []) = SIGNATURE.bind([path], [], extra, kwargs)?;
+        let path = path_arg(&path)?;
         py.detach(|| {
             // Snapshot under the read lock; the disk write does not block writers.
             let image = self.inner.read().try_to_bytes()?;
@@ -215,28 +290,61 @@ impl PyAutomaton {
 
     /// Read an automaton written by ``save``.
     #[classmethod]
-    fn load(_cls: &Bound<'_, PyType>, py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let path = path_arg(path)?;
+    #[pyo3(signature = (path = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($cls, path)")]
+    fn load(
+        _cls: &Bound<'_, PyType>,
+        py: Python<'_>,
+        path: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        const SIGNATURE: Signature<1, 0> = Signature::new("Automaton.load", ["path"], [], &[]);
+        let ([path], []) = SIGNATURE.bind([path], [], extra, kwargs)?;
+        let path = path_arg(&path)?;
         Ok(py.detach(|| Automaton::load(&path))?.into())
     }
 
     /// The automaton's image, as ``save`` writes it.
-    fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let image = py.detach(|| self.inner.read().try_to_bytes())?;
-        Ok(PyBytes::new(py, &image))
+    #[pyo3(signature = (*extra, **kwargs))]
+    #[pyo3(text_signature = "($self)")]
+    fn to_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        extra: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        no_arguments("Automaton.to_bytes").bind_none(extra, kwargs)?;
+        self.image(py)
     }
 
     /// Rebuild an automaton from ``to_bytes`` output.
     #[classmethod]
+    #[pyo3(signature = (data = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($cls, data)")]
     fn from_bytes(
         _cls: &Bound<'_, PyType>,
         py: Python<'_>,
-        data: &Bound<'_, PyAny>,
+        data: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        const SIGNATURE: Signature<1, 0> =
+            Signature::new("Automaton.from_bytes", ["data"], [], &[]);
+        let ([data], []) = SIGNATURE.bind([data], [], extra, kwargs)?;
+        // A bytearray is copied into bytes by Python (a failed allocation is a MemoryError
+        // there; PyO3's own copy would abort the process).
+        let data = match data.cast::<PyByteArray>() {
+            Ok(array) => py
+                .get_type::<PyBytes>()
+                .call1((array,))
+                .map_err(|e| memory_error(py, e, "a copy of data", array.len()))?,
+            Err(_) => data,
+        };
         let data: PyBackedBytes = data.extract().map_err(|_| {
             type_error(format!(
                 "data: expected bytes or bytearray, got {}",
-                type_name(data)
+                type_name(&data)
             ))
         })?;
         Ok(py.detach(|| Automaton::from_bytes(&data))?.into())
@@ -246,7 +354,20 @@ impl PyAutomaton {
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
         let py = slf.py();
         let from_bytes = slf.get_type().getattr("from_bytes")?;
-        let image = slf.get().to_bytes(py)?;
+        let image = slf.get().image(py)?;
         (from_bytes, (image,)).into_pyobject(py)
+    }
+}
+
+impl PyAutomaton {
+    /// The image as Python bytes; a failed allocation (the image's or the bytes') is an
+    /// `OutOfMemoryError`.
+    fn image<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let image = py.detach(|| self.inner.read().try_to_bytes())?;
+        PyBytes::new_with(py, image.len(), |bytes| {
+            bytes.copy_from_slice(&image);
+            Ok(())
+        })
+        .map_err(|e| memory_error(py, e, "an automaton's image", image.len()))
     }
 }

@@ -4,12 +4,11 @@ use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::arrays::{
-    Flag, Int, Real, at_least, native, no_unknown_keywords, prob_vector, token_arg, token_id,
-};
+use super::arrays::{Flag, Int, Real, at_least, native, prob_vector, token_arg, token_id};
 use super::automaton::PyAutomaton;
 use super::errors::value_error;
 use super::logits_table::{PyLogitsTable, exempt};
+use super::signature::{Given, Signature, or_default};
 use super::tree::PyDraftTree;
 use crate::automaton::Automaton;
 use crate::draft::{DraftOptions, build_draft_tree_shared as build};
@@ -19,15 +18,18 @@ use crate::logits_table::LogitsTable;
 /// their locks are free: a release and re-acquisition costs about as much as a few nodes.
 const DETACH_MIN_NODES: usize = 192;
 
+/// The request's automaton, written, and the shared one, read.
+type Locks<'a> = (
+    RwLockWriteGuard<'a, Automaton>,
+    Option<RwLockReadGuard<'a, Automaton>>,
+);
+
 /// [`lock_pair`] without waiting: `None` if a lock is held elsewhere. Never blocks, so the
 /// order does not matter.
 fn try_lock_pair<'a>(
     automaton: &'a PyAutomaton,
     shared: Option<&'a PyAutomaton>,
-) -> Option<(
-    RwLockWriteGuard<'a, Automaton>,
-    Option<RwLockReadGuard<'a, Automaton>>,
-)> {
+) -> Option<Locks<'a>> {
     let a = automaton.inner.try_write()?;
     match shared {
         None => Some((a, None)),
@@ -38,13 +40,7 @@ fn try_lock_pair<'a>(
 /// The request's automaton (written) and the shared one (read), locked in address order: every
 /// caller takes two automaton locks in the same global order, so two builds that use the same
 /// pair in opposite roles cannot deadlock.
-fn lock_pair<'a>(
-    automaton: &'a PyAutomaton,
-    shared: Option<&'a PyAutomaton>,
-) -> (
-    RwLockWriteGuard<'a, Automaton>,
-    Option<RwLockReadGuard<'a, Automaton>>,
-) {
+fn lock_pair<'a>(automaton: &'a PyAutomaton, shared: Option<&'a PyAutomaton>) -> Locks<'a> {
     match shared {
         None => (automaton.inner.write(), None),
         Some(s) if std::ptr::from_ref(s) < std::ptr::from_ref(automaton) => {
@@ -61,17 +57,17 @@ fn lock_pair<'a>(
 /// RACER's draft tree: ``draft_chain`` first, then retrieval paths (the request's, then the
 /// shared automaton's), then the logits tree; the budget is charged after merging.
 #[pyfunction]
-#[pyo3(signature = (automaton, table, next_token, capacity = Int::of(64), *extra, use_retrieval = Flag::of(true), use_logits = Flag::of(true), draft_chain = None, exempt_depth = Int::of(1), scored = Flag::of(false), min_score = Real::of(0.0), calibration = None, shared = None, **unexpected))]
+#[pyo3(signature = (automaton = Given::MISSING, table = Given::MISSING, next_token = Given::MISSING, capacity = Given::MISSING, /, *extra, use_retrieval = Flag::of(true), use_logits = Flag::of(true), draft_chain = None, exempt_depth = Int::of(1), scored = Flag::of(false), min_score = Real::of(0.0), calibration = None, shared = None, **kwargs))]
 #[pyo3(
     text_signature = "(automaton, table, next_token, capacity=64, *, use_retrieval=True, use_logits=True, draft_chain=None, exempt_depth=1, scored=False, min_score=0.0, calibration=None, shared=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn build_draft_tree(
     py: Python<'_>,
-    automaton: &Bound<'_, PyAny>,
-    table: &Bound<'_, PyAny>,
-    next_token: Int,
-    capacity: Int,
+    automaton: Given<'_>,
+    table: Given<'_>,
+    next_token: Given<'_>,
+    capacity: Given<'_>,
     extra: &Bound<'_, PyTuple>,
     use_retrieval: Flag,
     use_logits: Flag,
@@ -81,16 +77,29 @@ pub(crate) fn build_draft_tree(
     min_score: Real,
     calibration: Option<&Bound<'_, PyAny>>,
     shared: Option<&Bound<'_, PyAny>>,
-    unexpected: Option<&Bound<'_, PyDict>>,
+    kwargs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PyDraftTree> {
-    no_unknown_keywords(
+    const SIGNATURE: Signature<3, 1> = Signature::new(
         "build_draft_tree",
-        extra,
-        unexpected,
-        "automaton, table, next_token, capacity, use_retrieval, use_logits, draft_chain, exempt_depth, scored, min_score, calibration, shared",
-    )?;
-    let automaton = native::<PyAutomaton>(automaton, "automaton", "an Automaton")?;
-    let table = native::<PyLogitsTable>(table, "table", "a LogitsTable")?;
+        ["automaton", "table", "next_token"],
+        ["capacity"],
+        &[
+            "use_retrieval",
+            "use_logits",
+            "draft_chain",
+            "exempt_depth",
+            "scored",
+            "min_score",
+            "calibration",
+            "shared",
+        ],
+    );
+    let ([automaton, table, next_token], [capacity]) =
+        SIGNATURE.bind([automaton, table, next_token], [capacity], extra, kwargs)?;
+    let next_token: Int = next_token.extract()?;
+    let capacity = or_default(capacity.as_ref(), Int::of(64))?;
+    let automaton = native::<PyAutomaton>(&automaton, "automaton", "an Automaton")?;
+    let table = native::<PyLogitsTable>(&table, "table", "a LogitsTable")?;
     let shared = shared
         .filter(|s| !s.is_none())
         .map(|s| native::<PyAutomaton>(s, "shared", "an Automaton or None"))
@@ -123,11 +132,7 @@ pub(crate) fn build_draft_tree(
     let calibration = calibration
         .map(|c| prob_vector(c, "calibration"))
         .transpose()?;
-    let run = |(mut a, s): (
-        RwLockWriteGuard<'_, Automaton>,
-        Option<RwLockReadGuard<'_, _>>,
-    ),
-               t: RwLockReadGuard<'_, LogitsTable>| {
+    let run = |(mut a, s): Locks<'_>, t: RwLockReadGuard<'_, LogitsTable>| {
         let (tree, recency) = build(
             &mut a,
             s.as_deref(),
@@ -145,8 +150,8 @@ pub(crate) fn build_draft_tree(
         }
         Ok::<_, crate::Error>(tree)
     };
-    // A small tree whose locks are free is built at once (the shared recency update, which
-    // could wait, only when there is no shared automaton); anything else releases the GIL.
+    // A small tree without a shared automaton (whose recency update could wait for its lock)
+    // is built at once if its locks are free; anything else releases the GIL.
     if options.capacity + chain.len() < DETACH_MIN_NODES && shared.is_none() {
         if let (Some(locks), Some(t)) = (try_lock_pair(automaton, None), table.inner.try_read()) {
             return Ok(run(locks, t)?.into());

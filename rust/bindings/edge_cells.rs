@@ -2,17 +2,33 @@
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
 
+use super::signature::no_arguments;
 use crate::edge_cells;
 
 /// ``float32[EDGE_CELLS]``: the prior acceptance probability of every edge cell.
 #[pyfunction]
-pub(crate) fn edge_cell_priors(py: Python<'_>) -> Bound<'_, PyArray1<f32>> {
-    PyArray1::from_vec(py, edge_cells::priors())
+#[pyo3(signature = (*extra, **kwargs))]
+#[pyo3(text_signature = "()")]
+pub(crate) fn edge_cell_priors<'py>(
+    py: Python<'py>,
+    extra: &Bound<'py, PyTuple>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    no_arguments("edge_cell_priors").bind_none(extra, kwargs)?;
+    Ok(PyArray1::from_vec(py, edge_cells::priors()))
 }
 
 /// ``int32[EDGE_CELLS]``: the monotone group of every edge cell (-1: none).
 #[pyfunction]
-pub(crate) fn edge_cell_groups(py: Python<'_>) -> Bound<'_, PyArray1<i32>> {
-    PyArray1::from_vec(py, edge_cells::monotone_groups())
+#[pyo3(signature = (*extra, **kwargs))]
+#[pyo3(text_signature = "()")]
+pub(crate) fn edge_cell_groups<'py>(
+    py: Python<'py>,
+    extra: &Bound<'py, PyTuple>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    no_arguments("edge_cell_groups").bind_none(extra, kwargs)?;
+    Ok(PyArray1::from_vec(py, edge_cells::monotone_groups()))
 }

@@ -92,6 +92,19 @@ fn os_error(path: &str, kind: std::io::ErrorKind, errno: Option<i32>, msg: &str)
     }
 }
 
+/// `err` as an `OutOfMemoryError` naming `what` and its size if it is Python's own
+/// `MemoryError` (an object Python could not allocate); any other error unchanged.
+pub(crate) fn memory_error(py: Python<'_>, err: PyErr, what: &str, bytes: usize) -> PyErr {
+    if err.is_instance_of::<PyMemoryError>(py) {
+        return Error::OutOfMemory {
+            what: what.to_string(),
+            bytes,
+        }
+        .into();
+    }
+    err
+}
+
 /// `InvalidArgumentError` (a `ValueError`) with the message as given.
 pub(crate) fn invalid_argument(msg: String) -> PyErr {
     racer_error(

@@ -5,9 +5,8 @@ use parking_lot::RwLock;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::arrays::{
-    Int, array1, at_least, int_arg, matrix, no_unknown_keywords, prob_matrix, token_arg, token_id,
-};
+use super::arrays::{Int, array1, at_least, int_arg, matrix, prob_matrix, token_arg, token_id};
+use super::signature::{Given, Signature, no_arguments, or_default, unless_none};
 use super::tree::PyDraftTree;
 use crate::logits_table::LogitsTable;
 
@@ -41,17 +40,19 @@ fn row_index(table: &LogitsTable, token: Int) -> PyResult<i32> {
 #[pymethods]
 impl PyLogitsTable {
     #[new]
-    #[pyo3(signature = (vocab_size, top_k = Int::of(8), *extra, **unexpected))]
+    #[pyo3(signature = (vocab_size = Given::MISSING, top_k = Given::MISSING, /, *extra, **kwargs))]
     #[pyo3(text_signature = "(vocab_size, top_k=8)")]
     fn py_new(
-        vocab_size: Int,
-        top_k: Int,
+        vocab_size: Given<'_>,
+        top_k: Given<'_>,
         extra: &Bound<'_, PyTuple>,
-        unexpected: Option<&Bound<'_, PyDict>>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        no_unknown_keywords("LogitsTable", extra, unexpected, "vocab_size, top_k")?;
-        let vocab_size = at_least(vocab_size, 1, "vocab_size")?;
-        let top_k = at_least(top_k, 1, "top_k")?;
+        const SIGNATURE: Signature<1, 1> =
+            Signature::new("LogitsTable", ["vocab_size"], ["top_k"], &[]);
+        let ([vocab_size], [top_k]) = SIGNATURE.bind([vocab_size], [top_k], extra, kwargs)?;
+        let vocab_size = at_least(vocab_size.extract()?, 1, "vocab_size")?;
+        let top_k = at_least(or_default(top_k.as_ref(), Int::of(8))?, 1, "top_k")?;
         Ok(Self {
             inner: RwLock::new(LogitsTable::new(vocab_size, top_k)?),
         })
@@ -81,23 +82,34 @@ impl PyLogitsTable {
         )
     }
 
-    #[pyo3(signature = (tokens, topk_ids, topk_probs = None))]
+    #[pyo3(signature = (tokens = Given::MISSING, topk_ids = Given::MISSING, topk_probs = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, tokens, topk_ids, topk_probs=None)")]
     fn update(
         &self,
-        tokens: &Bound<'_, PyAny>,
-        topk_ids: &Bound<'_, PyAny>,
-        topk_probs: Option<&Bound<'_, PyAny>>,
+        tokens: Given<'_>,
+        topk_ids: Given<'_>,
+        topk_probs: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
-        let t = token_arg(tokens, "tokens")?;
-        let (ids, n, k) = matrix(topk_ids, "topk_ids")?;
+        const SIGNATURE: Signature<2, 1> = Signature::new(
+            "LogitsTable.update",
+            ["tokens", "topk_ids"],
+            ["topk_probs"],
+            &[],
+        );
+        let ([tokens, topk_ids], [topk_probs]) =
+            SIGNATURE.bind([tokens, topk_ids], [topk_probs], extra, kwargs)?;
+        let t = token_arg(&tokens, "tokens")?;
+        let (ids, n, k) = matrix(&topk_ids, "topk_ids")?;
         if n != t.as_slice().len() {
             return Err(super::errors::value_error(
                 "topk_ids",
                 format!("has {n} rows but tokens has {} entries", t.as_slice().len()),
             ));
         }
-        let probs = topk_probs
-            .map(|p| prob_matrix(p, "topk_probs"))
+        let probs = unless_none(topk_probs)
+            .map(|p| prob_matrix(&p, "topk_probs"))
             .transpose()?;
         if let Some((_, pn, pk)) = &probs {
             if (*pn, *pk) != (n, k) {
@@ -114,58 +126,112 @@ impl PyLogitsTable {
             .update_with_probs(t.as_slice(), &ids, k, probs)?)
     }
 
+    #[pyo3(signature = (token = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, token)")]
     fn row_probs<'py>(
         &self,
         py: Python<'py>,
-        token: Int,
+        token: Given<'py>,
+        extra: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Option<Bound<'py, PyArray1<f32>>>> {
+        const SIGNATURE: Signature<1, 0> =
+            Signature::new("LogitsTable.row_probs", ["token"], [], &[]);
+        let ([token], []) = SIGNATURE.bind([token], [], extra, kwargs)?;
         let table = self.inner.read();
-        let token = row_index(&table, token)?;
+        let token = row_index(&table, token.extract()?)?;
         Ok(table
             .row_probs(token)
             .map(|r| PyArray1::from_vec(py, r.to_vec())))
     }
 
-    fn row<'py>(&self, py: Python<'py>, token: Int) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
+    #[pyo3(signature = (token = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, token)")]
+    fn row<'py>(
+        &self,
+        py: Python<'py>,
+        token: Given<'py>,
+        extra: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
+        const SIGNATURE: Signature<1, 0> = Signature::new("LogitsTable.row", ["token"], [], &[]);
+        let ([token], []) = SIGNATURE.bind([token], [], extra, kwargs)?;
         let table = self.inner.read();
-        let token = row_index(&table, token)?;
+        let token = row_index(&table, token.extract()?)?;
         Ok(table.row(token).map(|r| array1(py, r.to_vec())))
     }
 
-    fn clear(&self) {
+    #[pyo3(signature = (*extra, **kwargs))]
+    #[pyo3(text_signature = "($self)")]
+    fn clear(
+        &self,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        no_arguments("LogitsTable.clear").bind_none(extra, kwargs)?;
         self.inner.write().clear();
+        Ok(())
     }
 
-    fn memory_bytes(&self) -> usize {
-        self.inner.read().memory_bytes()
+    #[pyo3(signature = (*extra, **kwargs))]
+    #[pyo3(text_signature = "($self)")]
+    fn memory_bytes(
+        &self,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<usize> {
+        no_arguments("LogitsTable.memory_bytes").bind_none(extra, kwargs)?;
+        Ok(self.inner.read().memory_bytes())
     }
 
-    #[pyo3(signature = (root, budget, exempt_depth = Int::of(1)))]
-    #[pyo3(text_signature = "(self, root, budget, exempt_depth=1)")]
+    #[pyo3(signature = (root = Given::MISSING, budget = Given::MISSING, exempt_depth = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, root, budget, exempt_depth=1)")]
     fn expand(
         &self,
         py: Python<'_>,
-        root: Int,
-        budget: Int,
-        exempt_depth: Int,
+        root: Given<'_>,
+        budget: Given<'_>,
+        exempt_depth: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyDraftTree> {
-        let root = token_id(root, "root")?;
-        let budget = at_least(budget, 1, "budget")?;
-        let exempt_depth = exempt(exempt_depth)?;
+        const SIGNATURE: Signature<2, 1> = Signature::new(
+            "LogitsTable.expand",
+            ["root", "budget"],
+            ["exempt_depth"],
+            &[],
+        );
+        let ([root, budget], [exempt_depth]) =
+            SIGNATURE.bind([root, budget], [exempt_depth], extra, kwargs)?;
+        let root = token_id(root.extract()?, "root")?;
+        let budget = at_least(budget.extract()?, 1, "budget")?;
+        let exempt_depth = exempt(or_default(exempt_depth.as_ref(), Int::of(1))?)?;
         Ok(py
             .detach(|| self.inner.read().expand(root, budget, exempt_depth))?
             .into())
     }
 
+    #[pyo3(signature = (root = Given::MISSING, parents = Given::MISSING, ranks = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, root, parents, ranks)")]
     fn expand_static(
         &self,
-        root: Int,
-        parents: &Bound<'_, PyAny>,
-        ranks: &Bound<'_, PyAny>,
+        root: Given<'_>,
+        parents: Given<'_>,
+        ranks: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyDraftTree> {
-        let root = token_id(root, "root")?;
-        let p = int_arg(parents, "parents")?;
-        let r = int_arg(ranks, "ranks")?;
+        const SIGNATURE: Signature<3, 0> = Signature::new(
+            "LogitsTable.expand_static",
+            ["root", "parents", "ranks"],
+            [],
+            &[],
+        );
+        let ([root, parents, ranks], []) =
+            SIGNATURE.bind([root, parents, ranks], [], extra, kwargs)?;
+        let root = token_id(root.extract()?, "root")?;
+        let p = int_arg(&parents, "parents")?;
+        let r = int_arg(&ranks, "ranks")?;
         Ok(self
             .inner
             .read()

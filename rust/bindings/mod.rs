@@ -8,6 +8,7 @@ mod errors;
 mod logits_table;
 mod lookup;
 mod pool;
+mod signature;
 mod tree;
 
 use pyo3::prelude::*;

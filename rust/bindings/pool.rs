@@ -7,11 +7,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::arrays::{
-    Flag, Int, Real, Text, Tokens, array1, at_least, converted, int_arg, matrix,
-    no_unknown_keywords, prob_matrix, prob_vector,
+    Flag, Int, Real, Text, Tokens, array1, at_least, converted, int_arg, matrix, prob_matrix,
+    prob_vector,
 };
 use super::errors::{type_error, value_error};
 use super::logits_table::exempt;
+use super::signature::{Given, Signature, no_arguments, unless_none};
 use super::tree::PyDraftTree;
 use crate::pool::{
     BatchDraft, DraftPool, PROPOSE_REQUEST_UNITS, PoolOptions, RequestId, split_ragged,
@@ -152,10 +153,13 @@ fn capacity_value(v: &Int, arg: impl FnOnce() -> String) -> PyResult<usize> {
 fn capacities(obj: &Bound<'_, PyAny>, ids: &[RequestId]) -> PyResult<Vec<usize>> {
     let scalar = obj.extract::<Int>()?;
     if scalar.is_int() {
-        return Ok(vec![
-            capacity_value(&scalar, || "capacity".into())?;
-            ids.len()
-        ]);
+        let capacity = capacity_value(&scalar, || "capacity".into())?;
+        return Ok(crate::alloc::filled(
+            "capacity",
+            "the capacities",
+            ids.len(),
+            capacity,
+        )?);
     }
     let values = items(obj, "capacity", "an int or a sequence of ints (one per id)")?;
     if values.len() != ids.len() {
@@ -168,11 +172,13 @@ fn capacities(obj: &Bound<'_, PyAny>, ids: &[RequestId]) -> PyResult<Vec<usize>>
             ),
         ));
     }
-    values
-        .iter()
-        .enumerate()
-        .map(|(i, v)| capacity_value(&v.extract::<Int>()?, || element("capacity", i, ids)))
-        .collect()
+    crate::alloc::try_collect(
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| capacity_value(&v.extract::<Int>()?, || element("capacity", i, ids))),
+        "the capacities",
+    )
 }
 
 /// A pool of per-request RACER states (automaton + copy-logit table), drafted in one call.
@@ -184,13 +190,13 @@ pub struct PyDraftPool {
 #[pymethods]
 impl PyDraftPool {
     #[new]
-    #[pyo3(signature = (vocab_size, *extra, ngram = Int::of(10), max_nodes = Int::of(10_000), breadth = Int::of(8), min_depth = Int::of(2), exempt_depth = Int::of(1), tree = Text::of("halving"), min_score = Real::of(0.0), use_retrieval = Flag::of(true), use_logits = Flag::of(true), threads = Int::of(1), **unexpected))]
+    #[pyo3(signature = (vocab_size = Given::MISSING, /, *extra, ngram = Int::of(10), max_nodes = Int::of(10_000), breadth = Int::of(8), min_depth = Int::of(2), exempt_depth = Int::of(1), tree = Text::of("halving"), min_score = Real::of(0.0), use_retrieval = Flag::of(true), use_logits = Flag::of(true), threads = Int::of(1), **kwargs))]
     #[pyo3(
         text_signature = "(vocab_size, *, ngram=10, max_nodes=10000, breadth=8, min_depth=2, exempt_depth=1, tree='halving', min_score=0.0, use_retrieval=True, use_logits=True, threads=1)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
-        vocab_size: Int,
+        vocab_size: Given<'_>,
         extra: &Bound<'_, PyTuple>,
         ngram: Int,
         max_nodes: Int,
@@ -202,14 +208,27 @@ impl PyDraftPool {
         use_retrieval: Flag,
         use_logits: Flag,
         threads: Int,
-        unexpected: Option<&Bound<'_, PyDict>>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        no_unknown_keywords(
+        const SIGNATURE: Signature<1, 0> = Signature::new(
             "DraftPool",
-            extra,
-            unexpected,
-            "vocab_size, ngram, max_nodes, breadth, min_depth, exempt_depth, tree, min_score, use_retrieval, use_logits, threads",
-        )?;
+            ["vocab_size"],
+            [],
+            &[
+                "ngram",
+                "max_nodes",
+                "breadth",
+                "min_depth",
+                "exempt_depth",
+                "tree",
+                "min_score",
+                "use_retrieval",
+                "use_logits",
+                "threads",
+            ],
+        );
+        let ([vocab_size], []) = SIGNATURE.bind([vocab_size], [], extra, kwargs)?;
+        let vocab_size: Int = vocab_size.extract()?;
         let scored = tree.one_of("tree", &["halving", "scored"])? == "scored";
         let options = PoolOptions {
             vocab_size: at_least(vocab_size, 1, "vocab_size")?,
@@ -316,58 +335,103 @@ impl PyDraftPool {
     }
 
     /// The request ids, in insertion order.
-    fn ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let ids = self.inner.ids();
-        let objects = ids
-            .iter()
-            .map(|id| id_object(py, id))
-            .collect::<PyResult<Vec<_>>>()?;
-        PyList::new(py, objects)
+    #[pyo3(signature = (*extra, **kwargs))]
+    #[pyo3(text_signature = "($self)")]
+    fn ids<'py>(
+        &self,
+        py: Python<'py>,
+        extra: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        no_arguments("DraftPool.ids").bind_none(extra, kwargs)?;
+        let ids = self.inner.ids()?;
+        list(py, ids.iter().map(|id| id_object(py, id)))
     }
 
     /// Approximate heap memory of every request's state, in bytes.
-    fn memory_bytes(&self, py: Python<'_>) -> usize {
-        py.detach(|| self.inner.memory_bytes())
+    #[pyo3(signature = (*extra, **kwargs))]
+    #[pyo3(text_signature = "($self)")]
+    fn memory_bytes(
+        &self,
+        py: Python<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<usize> {
+        no_arguments("DraftPool.memory_bytes").bind_none(extra, kwargs)?;
+        Ok(py.detach(|| self.inner.memory_bytes()))
     }
 
     /// Remove every request.
-    fn clear(&self, py: Python<'_>) {
+    #[pyo3(signature = (*extra, **kwargs))]
+    #[pyo3(text_signature = "($self)")]
+    fn clear(
+        &self,
+        py: Python<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        no_arguments("DraftPool.clear").bind_none(extra, kwargs)?;
         py.detach(|| self.inner.clear());
+        Ok(())
     }
 
     /// Start request ``id``: a new automaton indexing ``prompt_ids`` and an empty copy-logit
     /// table.
+    #[pyo3(signature = (id = Given::MISSING, prompt_ids = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, id, prompt_ids)")]
     fn add(
         &self,
         py: Python<'_>,
-        id: &Bound<'_, PyAny>,
-        prompt_ids: &Bound<'_, PyAny>,
+        id: Given<'_>,
+        prompt_ids: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
-        let id = request_id(id, "id")?;
-        let prompt = int_arg(prompt_ids, &format!("prompt_ids ({id})"))?;
+        const SIGNATURE: Signature<2, 0> =
+            Signature::new("DraftPool.add", ["id", "prompt_ids"], [], &[]);
+        let ([id, prompt_ids], []) = SIGNATURE.bind([id, prompt_ids], [], extra, kwargs)?;
+        let id = request_id(&id, "id")?;
+        let prompt = int_arg(&prompt_ids, &format!("prompt_ids ({id})"))?;
         let prompt = prompt.as_slice();
         Ok(py.detach(|| self.inner.add(id, prompt))?)
     }
 
     /// Forget request ``id``.
-    fn remove(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let id = request_id(id, "id")?;
+    #[pyo3(signature = (id = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, id)")]
+    fn remove(
+        &self,
+        py: Python<'_>,
+        id: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        const SIGNATURE: Signature<1, 0> = Signature::new("DraftPool.remove", ["id"], [], &[]);
+        let ([id], []) = SIGNATURE.bind([id], [], extra, kwargs)?;
+        let id = request_id(&id, "id")?;
         Ok(py.detach(|| self.inner.remove(&id))?)
     }
 
     /// Append committed tokens to each request's context (``tokens[i]`` to ``ids[i]``).
-    #[pyo3(signature = (ids, tokens, lengths = None))]
+    #[pyo3(signature = (ids = Given::MISSING, tokens = Given::MISSING, lengths = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, ids, tokens, lengths=None)")]
     fn extend(
         &self,
         py: Python<'_>,
-        ids: &Bound<'_, PyAny>,
-        tokens: &Bound<'_, PyAny>,
-        lengths: Option<&Bound<'_, PyAny>>,
+        ids: Given<'_>,
+        tokens: Given<'_>,
+        lengths: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
-        let ids = request_ids(ids)?;
-        if let Some(lengths) = lengths {
+        const SIGNATURE: Signature<2, 1> =
+            Signature::new("DraftPool.extend", ["ids", "tokens"], ["lengths"], &[]);
+        let ([ids, tokens], [lengths]) = SIGNATURE.bind([ids, tokens], [lengths], extra, kwargs)?;
+        let tokens = &tokens;
+        let ids = request_ids(&ids)?;
+        if let Some(lengths) = unless_none(lengths) {
             let flat = int_arg(tokens, "tokens")?;
-            let lengths = int_arg(lengths, "lengths")?;
+            let lengths = int_arg(&lengths, "lengths")?;
             let lengths = lengths.as_slice();
             let lengths: Vec<i64> = converted("lengths", lengths.len(), lengths.iter(), |&n| {
                 Ok(i64::from(n))
@@ -387,26 +451,26 @@ impl PyDraftPool {
                 ));
             }
         }
-        let parts = items(
+        let items = items(
             tokens,
             "tokens",
             "one token array per id (or a flat array with lengths=)",
-        )?
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let ids = &ids[..];
-            int_arg(
-                t,
-                &ElementName {
-                    arg: "tokens",
-                    i,
-                    ids,
-                },
-            )
-        })
-        .collect::<PyResult<Vec<Tokens<'_>>>>()?;
-        let slices: Vec<&[i32]> = parts.iter().map(Tokens::as_slice).collect();
+        )?;
+        let parts: Vec<Tokens<'_>> = crate::alloc::try_collect(
+            items.iter().enumerate().map(|(i, t)| {
+                let ids = &ids[..];
+                int_arg(
+                    t,
+                    &ElementName {
+                        arg: "tokens",
+                        i,
+                        ids,
+                    },
+                )
+            }),
+            "the token arrays",
+        )?;
+        let slices = crate::alloc::collect(parts.iter().map(Tokens::as_slice), "the token arrays")?;
         // A few tokens are indexed at once: releasing the GIL would cost about as much.
         if slices.iter().map(|t| t.len()).sum::<usize>() < DETACH_MIN_TOKENS {
             return Ok(self.inner.extend(&ids, &slices)?);
@@ -415,19 +479,31 @@ impl PyDraftPool {
     }
 
     /// Write copy-logit rows of request ``id`` (as ``LogitsTable.update``).
-    #[pyo3(signature = (id, tokens, topk_ids, topk_probs = None))]
+    #[pyo3(signature = (id = Given::MISSING, tokens = Given::MISSING, topk_ids = Given::MISSING, topk_probs = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, id, tokens, topk_ids, topk_probs=None)")]
+    #[allow(clippy::too_many_arguments)]
     fn update_topk(
         &self,
         py: Python<'_>,
-        id: &Bound<'_, PyAny>,
-        tokens: &Bound<'_, PyAny>,
-        topk_ids: &Bound<'_, PyAny>,
-        topk_probs: Option<&Bound<'_, PyAny>>,
+        id: Given<'_>,
+        tokens: Given<'_>,
+        topk_ids: Given<'_>,
+        topk_probs: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
-        let id = request_id(id, "id")?;
-        let t = int_arg(tokens, &format!("tokens ({id})"))?;
+        const SIGNATURE: Signature<3, 1> = Signature::new(
+            "DraftPool.update_topk",
+            ["id", "tokens", "topk_ids"],
+            ["topk_probs"],
+            &[],
+        );
+        let ([id, tokens, topk_ids], [topk_probs]) =
+            SIGNATURE.bind([id, tokens, topk_ids], [topk_probs], extra, kwargs)?;
+        let id = request_id(&id, "id")?;
+        let t = int_arg(&tokens, &format!("tokens ({id})"))?;
         let arg = format!("topk_ids ({id})");
-        let (ids, n, k) = matrix(topk_ids, &arg)?;
+        let (ids, n, k) = matrix(&topk_ids, &arg)?;
         if n != t.as_slice().len() {
             return Err(value_error(
                 &arg,
@@ -435,7 +511,9 @@ impl PyDraftPool {
             ));
         }
         let probs_arg = format!("topk_probs ({id})");
-        let probs = topk_probs.map(|p| prob_matrix(p, &probs_arg)).transpose()?;
+        let probs = unless_none(topk_probs)
+            .map(|p| prob_matrix(&p, &probs_arg))
+            .transpose()?;
         if let Some((_, pn, pk)) = &probs {
             if (*pn, *pk) != (n, k) {
                 return Err(value_error(
@@ -450,18 +528,30 @@ impl PyDraftPool {
     }
 
     /// One draft tree per request, rooted at ``last_tokens[i]``, in one GIL release.
-    #[pyo3(signature = (ids, last_tokens, capacity, *, calibration = None))]
+    #[pyo3(signature = (ids = Given::MISSING, last_tokens = Given::MISSING, capacity = Given::MISSING, /, *extra, calibration = None, **kwargs))]
+    #[pyo3(text_signature = "($self, ids, last_tokens, capacity, *, calibration=None)")]
+    #[allow(clippy::too_many_arguments)]
     fn propose(
         &self,
         py: Python<'_>,
-        ids: &Bound<'_, PyAny>,
-        last_tokens: &Bound<'_, PyAny>,
-        capacity: &Bound<'_, PyAny>,
+        ids: Given<'_>,
+        last_tokens: Given<'_>,
+        capacity: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
         calibration: Option<&Bound<'_, PyAny>>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyBatchDraft> {
-        let ids = request_ids(ids)?;
-        let last = int_arg(last_tokens, "last_tokens")?;
-        let caps = capacities(capacity, &ids)?;
+        const SIGNATURE: Signature<3, 0> = Signature::new(
+            "DraftPool.propose",
+            ["ids", "last_tokens", "capacity"],
+            [],
+            &["calibration"],
+        );
+        let ([ids, last_tokens, capacity], []) =
+            SIGNATURE.bind([ids, last_tokens, capacity], [], extra, kwargs)?;
+        let ids = request_ids(&ids)?;
+        let last = int_arg(&last_tokens, "last_tokens")?;
+        let caps = capacities(&capacity, &ids)?;
         let calibration = calibration
             .map(|c| prob_vector(c, "calibration"))
             .transpose()?;
@@ -491,35 +581,62 @@ pub struct PyBatchDraft {
     inner: BatchDraft,
 }
 
-fn int64_array(py: Python<'_>, v: impl IntoIterator<Item = usize>) -> Bound<'_, PyArray1<i64>> {
+fn int64_array(
+    py: Python<'_>,
+    v: impl ExactSizeIterator<Item = usize>,
+) -> PyResult<Bound<'_, PyArray1<i64>>> {
     #[allow(clippy::cast_possible_wrap)] // node counts are far below 2**63
-    let v: Vec<i64> = v.into_iter().map(|x| x as i64).collect();
-    PyArray1::from_vec(py, v)
+    let v = crate::alloc::collect(v.map(|x| x as i64), "the batch's counts")?;
+    Ok(PyArray1::from_vec(py, v))
+}
+
+/// A Python list of `items` (one per request): built by appending, so that a list too large
+/// for the memory left is a `MemoryError` from Python, never a panic.
+fn list<'py>(
+    py: Python<'py>,
+    items: impl Iterator<Item = PyResult<Bound<'py, PyAny>>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    for item in items {
+        out.append(item?)?;
+    }
+    Ok(out)
 }
 
 #[pymethods]
 impl PyBatchDraft {
+    /// Not built from Python: `DraftPool.propose` returns one (an `InvalidTypeError` here, as
+    /// for every call that cannot be bound, instead of PyO3's plain `TypeError`).
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(text_signature = "(*args, **kwargs)")]
+    fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        Err(type_error(
+            "BatchDraft() cannot be built directly: DraftPool.propose returns one".into(),
+        ))
+    }
+
     /// ``int32[total]``: every node's token, request after request.
     #[getter]
-    fn tokens<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        array1(py, self.inner.tokens())
+    fn tokens<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        Ok(array1(py, self.inner.tokens()?))
     }
 
     /// ``int32[total]``: every node's parent, local to its request (``-1`` at each root).
     #[getter]
-    fn parents<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        array1(py, self.inner.parents())
+    fn parents<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        Ok(array1(py, self.inner.parents()?))
     }
 
     /// ``int32[total]``: every node's edge cell (``-1`` at each root).
     #[getter]
-    fn cells<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        array1(py, self.inner.cells())
+    fn cells<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        Ok(array1(py, self.inner.cells()?))
     }
 
     /// ``int64[bs]``: nodes per request (root included).
     #[getter]
-    fn counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+    fn counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
         int64_array(
             py,
             self.inner.trees().iter().map(crate::tree::DraftTree::len),
@@ -528,7 +645,7 @@ impl PyBatchDraft {
 
     /// ``int64[bs + 1]``: request ``i``'s nodes are ``offsets[i]:offsets[i + 1]``.
     #[getter]
-    fn offsets<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+    fn offsets<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
         int64_array(py, self.inner.offsets().iter().copied())
     }
 
@@ -546,7 +663,17 @@ impl PyBatchDraft {
     }
 
     /// Request ``i``'s tree (a copy; negative ``i`` counts from the end).
-    fn tree(&self, i: Int) -> PyResult<PyDraftTree> {
+    #[pyo3(signature = (i = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, i)")]
+    fn tree(
+        &self,
+        i: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyDraftTree> {
+        const SIGNATURE: Signature<1, 0> = Signature::new("BatchDraft.tree", ["i"], [], &[]);
+        let ([i], []) = SIGNATURE.bind([i], [], extra, kwargs)?;
+        let i: Int = i.extract()?;
         let bs = self.inner.len();
         #[allow(clippy::cast_possible_wrap)] // batches are far below 2**63
         let i = i.get("i")?;
@@ -559,16 +686,36 @@ impl PyBatchDraft {
     }
 
     /// ``(tokens int64[bs * n], mask bool[bs * n * n])``: SGLang's n-gram layout.
-    fn sglang<'py>(&self, py: Python<'py>, n: Int) -> PyResult<Bound<'py, PyTuple>> {
-        let n = at_least(n, 1, "n")?;
+    #[pyo3(signature = (n = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, n)")]
+    fn sglang<'py>(
+        &self,
+        py: Python<'py>,
+        n: Given<'py>,
+        extra: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        const SIGNATURE: Signature<1, 0> = Signature::new("BatchDraft.sglang", ["n"], [], &[]);
+        let ([n], []) = SIGNATURE.bind([n], [], extra, kwargs)?;
+        let n = at_least(n.extract()?, 1, "n")?;
         let (tokens, mask) = py.detach(|| self.inner.sglang(n))?;
         (PyArray1::from_vec(py, tokens), PyArray1::from_vec(py, mask)).into_pyobject(py)
     }
 
     /// Per request, up to ``k`` tokens of the best root-to-leaf path after the root.
-    fn chains<'py>(&self, py: Python<'py>, k: Int) -> PyResult<Bound<'py, PyList>> {
-        let k = at_least(k, 0, "k")?;
-        let chains = self.inner.chains(k);
-        PyList::new(py, chains.into_iter().map(|c| array1(py, c)))
+    #[pyo3(signature = (k = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, k)")]
+    fn chains<'py>(
+        &self,
+        py: Python<'py>,
+        k: Given<'py>,
+        extra: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        const SIGNATURE: Signature<1, 0> = Signature::new("BatchDraft.chains", ["k"], [], &[]);
+        let ([k], []) = SIGNATURE.bind([k], [], extra, kwargs)?;
+        let k = at_least(k.extract()?, 0, "k")?;
+        let chains = self.inner.chains(k)?;
+        list(py, chains.into_iter().map(|c| Ok(array1(py, c).into_any())))
     }
 }

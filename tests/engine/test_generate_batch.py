@@ -28,7 +28,7 @@ import racer_rs  # noqa: E402
 from racer_rs.autosize import batch_sizer as batch_sizing  # noqa: E402
 from racer_rs.autosize import state as tree_size  # noqa: E402
 from racer_rs.autosize.batch_sizer import BatchCosts, best_batch_size, bucket_sizes, interpolated  # noqa: E402
-from racer_rs.autosize.cost_model import CostModel, synthetic_tree  # noqa: E402
+from racer_rs.autosize.cost_model import CostModel, MachineLoad, synthetic_tree  # noqa: E402
 from racer_rs.autosize.sizer import Ranking, best_prefix_size  # noqa: E402
 from racer_rs.drafters.base import Proposal  # noqa: E402
 from racer_rs.engine import generation  # noqa: E402
@@ -629,6 +629,51 @@ def test_batch_costs_are_measured_per_batch_size_and_cached(monkeypatch: pytest.
     assert again.for_batch(4).state() == high.state()
     stored = json.loads(next((tmp_path / "tree_size" / "cost").glob("*-b2.json")).read_text())
     assert stored["batch_size"] == 2
+
+
+def test_a_batch_size_met_first_is_predicted_at_the_load_the_others_measured(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setenv("RACER_RS_CACHE", str(tmp_path))
+    monkeypatch.setattr(tree_size, "_costs", {})
+    monkeypatch.setattr(batch_sizing, "_batch_costs", {})
+    monkeypatch.setattr(batch_sizing, "_machine_loads", {})
+    curves = {2: _steep(per_node=0.1), 4: _steep(per_node=0.2)}
+    monkeypatch.setattr(batch_sizing, "measure_batch_cost_model", lambda model, batch, size: curves[batch])
+    monkeypatch.setattr(tree_size, "measure_cost_model", lambda model, size: _steep(per_node=0.05))
+    costs = BatchCosts(_model("llama"), max_capacity=4, batch=4)
+    four = costs.for_batch(4)
+    measured_four = float(four.measured_seconds(np.array([2]), 128)[0])
+    for _ in range(30):  # the machine got three times slower: every 4-row step shows it
+        four.observe(2, 128, forward=3 * measured_four, overhead=0.0)
+    for batch in (1, 2, 3):  # never observed: predicted at the machine's load, not at load 1
+        model = costs.for_batch(batch)
+        predicted = float(model.forward_seconds(np.array([2]), 128)[0])
+        assert predicted == pytest.approx(3 * float(model.measured_seconds(np.array([2]), 128)[0]), rel=0.1)
+
+
+def test_the_level_learns_a_curve_timed_under_load_and_the_shared_load_moves_both() -> None:
+    machine = MachineLoad()
+    quiet, loaded = _steep(per_node=0.1), _steep(per_node=0.1)
+    quiet.machine = loaded.machine = machine
+    seconds = {n: float(quiet.measured_seconds(np.array([n]), 128)[0]) for n in (1, 4)}
+
+    def predicted(cost: CostModel, n: int) -> float:
+        return float(cost.forward_seconds(np.array([n]), 128)[0])
+
+    for _ in range(300):  # `loaded` was timed under 2x load: its batch size runs at half its curve
+        quiet.observe(1, 128, forward=1.5 * seconds[1], overhead=0.0)  # the machine now: 1.5x
+        loaded.observe(4, 128, forward=0.75 * seconds[4], overhead=0.0)
+    assert predicted(quiet, 1) == pytest.approx(1.5 * seconds[1], rel=0.15)
+    assert predicted(loaded, 4) == pytest.approx(0.75 * seconds[4], rel=0.15)
+    for _ in range(20):  # the machine quiets down; only the quiet curve's batch size runs
+        quiet.observe(1, 128, forward=seconds[1], overhead=0.0)
+    # The other batch size follows the machine through the shared load, its level kept.
+    assert predicted(loaded, 4) == pytest.approx(0.5 * seconds[4], rel=0.2)
+    restored = [CostModel.from_state(json.loads(json.dumps(c.state()))) for c in (quiet, loaded)]
+    assert all(c.load == 1.0 for c in restored)  # the load is this moment's, never stored
+    ratio = predicted(restored[1], 4) / predicted(restored[0], 4)
+    assert ratio == pytest.approx(0.5, rel=0.2)  # the levels are the curves' own: stored
 
 
 def test_interpolated_costs_handle_curves_of_other_sizes() -> None:

@@ -291,3 +291,13 @@ def test_sampling_config_rejects_bad_values() -> None:
         SamplingConfig(temperature=1.0, top_k=-2)
     with pytest.raises(TypeError, match="top_k"):
         SamplingConfig(temperature=1.0, top_k=1.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("temperature", [4.4e-256, 1e-300, 5e-6])
+def test_a_temperature_too_small_to_divide_by_decodes_greedily(temperature: float) -> None:
+    assert SamplingConfig(temperature=temperature).greedy
+    assert not SamplingConfig(temperature=1e-3).greedy
+    model = tiny_model("llama")
+    greedy = racer_rs.generate(model, REPEATING_PROMPT, max_new_tokens=8, capacity=8)
+    tiny = racer_rs.generate(model, REPEATING_PROMPT, max_new_tokens=8, capacity=8, temperature=temperature, seed=1)
+    assert tiny.tokens == greedy.tokens

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from racer_rs.autosize import state
-from racer_rs.autosize.cost_model import CURVE_CONTEXTS, CostModel, synthetic_tree
+from racer_rs.autosize.cost_model import CURVE_CONTEXTS, CostModel, MachineLoad, synthetic_tree
 from racer_rs.errors import InvalidArgumentError
 from racer_rs.target.verifier import vocab_size
 
@@ -167,6 +167,8 @@ def _measured_curves(model: CostModel) -> CostModel:
 
 #: Per-batch-size cost models of this process, by ``(cost key, batch size)``.
 _batch_costs: dict[tuple[str, int], CostModel] = {}
+#: The machine's load as this process's forwards of a target (by cost key) measured it last.
+_machine_loads: dict[str, MachineLoad] = {}
 
 
 def _path(key: str, batch: int) -> Any:
@@ -191,7 +193,9 @@ class BatchCosts:
 
     Batch size 1 is today's cost model (:func:`racer_rs.autosize.state.cost_model`); the powers of
     two from 2 up to the first one ``>= batch`` are measured on first use (or read from the cache);
-    sizes in between are interpolated linearly in the batch size, each with its own corrections.
+    sizes in between are interpolated linearly in the batch size, each with its own corrections
+    (level and shape); all of them share one :class:`MachineLoad` (the process's for this target),
+    so a batch size met for the first time is predicted at the load the others are measuring.
 
     Args:
         model: the target.
@@ -203,12 +207,15 @@ class BatchCosts:
         self.model = model
         self.key = state.cost_key(model)
         self.max_capacity = max_capacity
+        self.machine = _machine_loads.setdefault(self.key, MachineLoad())
         self.models: dict[int, CostModel] = {1: state.cost_model(model, max_capacity)}
+        self.models[1].machine = self.machine
         self.measured: dict[int, CostModel] = {}
         for size in bucket_sizes(batch):
             loaded = _load(self.key, size, max_capacity)
             if loaded is None:
                 loaded = measure_batch_cost_model(model, size, max_capacity)
+            loaded.machine = self.machine
             self.models[size] = loaded
             self.measured[size] = _measured_curves(loaded)
             _batch_costs[(self.key, size)] = loaded
@@ -224,6 +231,7 @@ class BatchCosts:
                 if high not in self.measured:
                     raise InvalidArgumentError(f"batch size {batch} exceeds the batch these costs were measured for")
                 model = interpolated(self.measured[low], self.measured[high], (batch - low) / (high - low))
+            model.machine = self.machine
             self.models[batch] = model
             _batch_costs[(self.key, batch)] = model
         return model

@@ -109,22 +109,35 @@ def _clip(value: float, bounds: tuple[float, float]) -> float:
     return float(min(max(value, bounds[0]), bounds[1]))
 
 
+class MachineLoad:
+    """How much slower than measured every forward runs right now: other processes on a shared
+    machine slow every forward alike, whatever its shape. One factor, shared by every cost model
+    of a target that shares this object (the batch sizes of one call), followed fast, never
+    stored (a later process meets a different load)."""
+
+    def __init__(self) -> None:
+        self.factor = 1.0
+
+
 class CostModel:
     """Predicted seconds of one decode step that verifies ``n`` tree tokens.
 
     ``t(n, L)`` comes from curves measured at two context lengths (linear in ``L`` between and
-    beyond them), corrected online from the engine's own forward timings by two factors:
+    beyond them), corrected online from the engine's own forward timings by three factors:
 
-    - the machine's **load**, one factor for every size, followed fast (other processes on a
-      shared machine slow every forward alike, for a while); never stored, since a later
-      process meets a different load;
+    - the machine's **load** (:class:`MachineLoad`), one factor for every size, followed fast;
+      cost models that share one ``MachineLoad`` (every batch size of a call) share it, so a
+      batch size met for the first time is predicted at the load the others measured;
+    - a **level** factor, learned slowly: what the first-use measurement got wrong about this
+      curve as a whole (e.g. a curve timed while other processes loaded the machine: next to
+      curves timed at a quiet moment it is too high at every size). Stored with the curve;
     - a **shape** factor per size bucket (powers of two), learned slowly: what the first-use
       measurement got wrong about that size relative to the others (e.g. small trees timed
       while the machine was still warming up). Stored with the curve; 1 for a bucket never seen.
 
     Each step's error (in log space, observed over predicted seconds) moves the load by a large
     share and the bucket's shape by a small, bounded one; the shapes' mean is then folded into
-    the load. A burst of load thus moves the load, not the shapes, and one disturbed first step
+    the level. A burst of load thus moves the load, not the shapes, and one disturbed first step
     no longer sets a bucket's factor for good (as a single "first observation" factor did).
 
     Args:
@@ -132,6 +145,8 @@ class CostModel:
         seconds: ``{context: seconds per size}`` for two context lengths.
         shape: per-bucket shape factors to start from (``None``: all 1).
         overhead: seconds per step outside the forward to start from.
+        level: the level factor to start from.
+        machine: the load to share (``None``: a load of its own).
     """
 
     def __init__(
@@ -140,6 +155,8 @@ class CostModel:
         seconds: dict[int, Sequence[float]],
         shape: dict[int, float] | None = None,
         overhead: float = 0.0,
+        level: float = 1.0,
+        machine: MachineLoad | None = None,
     ) -> None:
         self.sizes = np.asarray(sizes, dtype=np.float64)
         if len(self.sizes) < 1 or self.sizes[0] != 1 or np.any(np.diff(self.sizes) <= 0):
@@ -152,8 +169,18 @@ class CostModel:
         if not (np.all(self.curve_short > 0) and np.all(self.curve_long > 0)):
             raise InvalidArgumentError("measured seconds must be positive")
         self.shape: dict[int, float] = {k: _clip(v, SHAPE_RANGE) for k, v in (shape or {}).items()}
-        self.load = 1.0
+        self.level = _clip(level, SHAPE_RANGE)
+        self.machine = MachineLoad() if machine is None else machine
         self.overhead = float(overhead)
+
+    @property
+    def load(self) -> float:
+        """The machine's load factor now (shared with the models of the same :class:`MachineLoad`)."""
+        return self.machine.factor
+
+    @load.setter
+    def load(self, factor: float) -> None:
+        self.machine.factor = factor
 
     @property
     def max_size(self) -> int:
@@ -171,10 +198,10 @@ class CostModel:
 
     def forward_seconds(self, n: np.ndarray, context: int) -> np.ndarray:
         """Predicted forward seconds for tree sizes ``n`` at ``context`` tokens: the measured
-        curve times the load and each size bucket's shape factor."""
+        curve times the load, the level and each size bucket's shape factor."""
         n = np.asarray(n, dtype=np.float64)
         shape = np.asarray([self.shape.get(_bucket(int(k)), 1.0) for k in n.ravel()]).reshape(n.shape)
-        seconds: np.ndarray = self.measured_seconds(n, context) * self.load * shape
+        seconds: np.ndarray = self.measured_seconds(n, context) * (self.load * self.level) * shape
         return seconds
 
     def step_seconds(self, n: np.ndarray, context: int) -> np.ndarray:
@@ -190,16 +217,18 @@ class CostModel:
         log_shape = {k: float(np.log(v)) for k, v in self.shape.items()}
         log_shape.setdefault(bucket, 0.0)
         log_load = float(np.log(self.load))
-        error = log_ratio - log_load - log_shape[bucket]
+        log_level = float(np.log(self.level))
+        error = log_ratio - log_load - log_level - log_shape[bucket]
         log_load += LOAD_RATE * error
         # The shape takes a bounded share of each step's error: a burst of load is a run of
         # large errors, a wrong curve a long run of small ones.
         log_shape[bucket] += SHAPE_RATE * float(np.clip(error, -SHAPE_STEP, SHAPE_STEP))
-        # Load and shape only meet as a product; the shapes' mean (over the buckets seen) is
-        # moved into the load, so one bucket alone keeps shape 1, and a bucket never seen is
+        # Level and shape only meet as a product; the shapes' mean (over the buckets seen) is
+        # moved into the level, so one bucket alone keeps shape 1, and a bucket never seen is
         # predicted like the average of those that were.
         mean = float(np.mean(list(log_shape.values())))
-        self.load = _clip(float(np.exp(log_load + mean)), LOAD_RANGE)
+        self.load = _clip(float(np.exp(log_load)), LOAD_RANGE)
+        self.level = _clip(float(np.exp(log_level + mean)), SHAPE_RANGE)
         self.shape = {k: _clip(float(np.exp(v - mean)), SHAPE_RANGE) for k, v in log_shape.items()}
         self.overhead = (1 - CORRECTION_RATE) * self.overhead + CORRECTION_RATE * max(overhead, 0.0)
 
@@ -210,6 +239,7 @@ class CostModel:
             "sizes": self.sizes.astype(int).tolist(),
             "seconds": {str(self.short): self.curve_short.tolist(), str(self.long): self.curve_long.tolist()},
             "shape": {str(k): v for k, v in self.shape.items()},
+            "level": self.level,
             "overhead": self.overhead,
         }
 
@@ -228,11 +258,14 @@ class CostModel:
             if not all(np.isfinite(v) and v > 0 for v in shape.values()):
                 raise InvalidArgumentError("shape factors must be positive")
             overhead = float(state.get("overhead", 0.0))
+            level = float(state.get("level", 1.0))
+            if not (np.isfinite(level) and level > 0):
+                raise InvalidArgumentError("the level factor must be positive")
             if not (np.isfinite(overhead) and overhead >= 0):
                 raise InvalidArgumentError("the overhead must be finite and non-negative")
             if not all(np.isfinite(x) for curve in seconds.values() for x in curve):
                 raise InvalidArgumentError("measured seconds must be finite")
-            return cls(state["sizes"], seconds, shape, overhead)
+            return cls(state["sizes"], seconds, shape, overhead, level)
         except (KeyError, TypeError, AttributeError) as exc:
             raise InvalidArgumentError(f"malformed cost state: {exc}") from None
 

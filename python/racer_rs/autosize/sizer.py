@@ -204,5 +204,6 @@ class TreeSizer:
             "cost_curve_ms": self.cost.curve_ms(context),
             "overhead_ms": round(1000 * self.cost.overhead, 3),
             "load_factor": round(self.cost.load, 3),
+            "level_factor": round(self.cost.level, 3),
             "shape_factors": {1 << k: round(v, 3) for k, v in sorted(self.cost.shape.items())},
         }

@@ -24,7 +24,13 @@ import numpy as np
 import torch
 
 from racer_rs.engine.transfer import HostTransfer
-from racer_rs.target.sampling import SamplingConfig, chain_speculative_sample, sample_nodes, sample_position
+from racer_rs.target.sampling import (
+    SamplingConfig,
+    chain_speculative_sample,
+    greedy_ids,
+    sample_nodes,
+    sample_position,
+)
 
 if TYPE_CHECKING:
     from racer_rs._native import DraftTree
@@ -85,7 +91,7 @@ class GreedyWalk(Acceptor):
     """Follow the target's argmax at every node."""
 
     def predict(self, step: StepInputs, transfer: HostTransfer) -> None:
-        transfer.add("predicted", step.logits.argmax(dim=-1))
+        transfer.add("predicted", greedy_ids(step.logits))
 
     def accept(self, step: StepInputs, host: dict[str, np.ndarray]) -> Acceptance:
         path, bonus = step.proposal.tree.greedy_accept(host["predicted"])

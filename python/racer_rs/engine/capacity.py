@@ -44,7 +44,10 @@ class StepReport:
         committed: tokens every row committed.
         context: the step's prefix columns (the longest row's length).
         padded: nodes per row the forward processed (the step's largest tree).
-        forward: seconds inside the target's forward; ``step`` seconds of the whole step.
+        forward: seconds of the verify phase: the target's forward and the work that grows with
+            its nodes (the acceptors' predictions, the drafters' top-k, the host copy), so that
+            the cost curves learn what one more node costs in all of it; ``step`` seconds of the
+            whole step.
     """
 
     rows: list[int]

@@ -51,7 +51,14 @@ from racer_rs.engine.streaming import StreamAdapter
 from racer_rs.engine.transfer import HostTransfer
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 from racer_rs.target.batch_verifier import BatchVerifier
-from racer_rs.target.sampling import SamplingConfig, draw_uniforms, process_logits, sample_nodes, sample_position
+from racer_rs.target.sampling import (
+    SamplingConfig,
+    draw_uniforms,
+    greedy_ids,
+    process_logits,
+    sample_nodes,
+    sample_position,
+)
 from racer_rs.target.verifier import topk_with_probs
 
 TIMING_KEYS = ("prefill", "draft", "verify", "forward", "accept", "bookkeeping", "total")
@@ -285,11 +292,17 @@ class DecodeEngine:
         """Prefill ``requests`` into new rows after the live ones, pick each one's first token and
         start its drafting."""
         probs_temperature = self.sampling.temperature if self.drafting.needs_topk_probs else None
-        for request in requests:
-            admitted = time.perf_counter()
-            output = self.verifier.add_rows(
-                [request.prompt], topk=self.drafting.needs_topk, probs_temperature=probs_temperature
-            )[0]
+        admitted = time.perf_counter()
+        prefill_seconds: list[float] = []
+        # One call for all of them: the batch cache grows once, not once per request.
+        outputs = self.verifier.add_rows(
+            [request.prompt for request in requests],
+            topk=self.drafting.needs_topk,
+            probs_temperature=probs_temperature,
+            timings=prefill_seconds,
+        )
+        for request, output, seconds in zip(requests, outputs, prefill_seconds, strict=True):
+            started = time.perf_counter()
             device = self.verifier.device
             generator = None if request.seed is None else torch.Generator(device=device).manual_seed(request.seed)
             uniforms = None
@@ -329,7 +342,7 @@ class DecodeEngine:
                 )
             except Exception as error:
                 self._fail(state, error)
-            state.timings["prefill"] += time.perf_counter() - admitted
+            state.timings["prefill"] += seconds + time.perf_counter() - started
 
     # --- one step -----------------------------------------------------------------------------
 
@@ -388,7 +401,7 @@ class DecodeEngine:
                 committed=[state.accepted_lengths[-1] for state in live],
                 context=context,
                 padded=padded,
-                forward=forward,
+                forward=verified_at - drafted,
                 step=finished - started,
             )
         )
@@ -475,7 +488,7 @@ class DecodeEngine:
         ``SamplingWalk.predict`` on ``[B, n_max]`` nodes, each row with its own uniforms keyed by
         its own generation position (padding nodes draw values nobody reads)."""
         if self.sampling.greedy:
-            transfer.add("predicted", logits.argmax(dim=-1))
+            transfer.add("predicted", greedy_ids(logits))
             return
         batch, width = logits.shape[:2]
         device = logits.device

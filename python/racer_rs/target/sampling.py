@@ -27,12 +27,26 @@ import torch
 from racer_rs import _validate as rules
 
 
+
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax id of every row of ``[..., V]`` logits (the first one on ties, as ``argmax``).
+
+    ``max(dim=-1)`` gives the same ids as ``argmax(dim=-1)`` several times faster on the CPU in
+    half precision (bfloat16 ``argmax`` is not vectorised: 15 ms against 2 ms for ``[8, 7, 49152]``).
+    """
+    return logits.max(dim=-1).indices
+#: Temperatures below this decode greedily (vLLM's own threshold, ``_SAMPLING_EPS``).
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """Sampling settings of one request.
 
     Attributes:
-        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+        temperature: 0 means greedy (argmax); otherwise logits are divided by it. A temperature
+            below :data:`MIN_TEMPERATURE` is greedy decoding too (as in vLLM): dividing by it
+            overflows the logits, and its distribution is the argmax's to float precision.
         top_p: nucleus threshold in (0, 1]; 1 disables the filter.
         top_k: keep the k most probable tokens (ties with the k-th kept); 0 disables it.
     """
@@ -42,7 +56,8 @@ class SamplingConfig:
     top_k: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "temperature", rules.real("temperature", self.temperature, minimum=0.0))
+        temperature = rules.real("temperature", self.temperature, minimum=0.0)
+        object.__setattr__(self, "temperature", 0.0 if temperature < MIN_TEMPERATURE else temperature)
         object.__setattr__(self, "top_p", rules.probability("top_p", self.top_p, zero=False))
         object.__setattr__(self, "top_k", rules.integer("top_k", self.top_k, minimum=0))
 

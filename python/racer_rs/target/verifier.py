@@ -22,6 +22,10 @@ from racer_rs.errors import InvalidTypeError, UnsupportedError
 
 PREFILL_CHUNK = 512
 """Prompt positions per LM-head chunk when computing the prompt's top-k ids."""
+PROMPT_LOGITS_BUDGET = 1 << 25
+"""Most prompt logits (rows x vocabulary) a prefill keeps in one forward; a longer prompt runs its
+LM head in chunks over the decoder's hidden states instead (and its last token in a forward of its
+own)."""
 
 
 def check_model(model: Any) -> None:
@@ -151,7 +155,11 @@ def topk_with_probs(logits: torch.Tensor, k: int, temperature: float) -> tuple[t
     """
     scale = 1.0 / temperature if temperature > 0 else 1.0
     values, ids = torch.topk(logits, k, dim=-1)
-    log_norm = torch.logsumexp(logits.float() * scale, dim=-1, keepdim=True)
+    rows = logits.reshape(-1, logits.shape[-1])
+    # Blocks of rows whose float copy stays in the cache: one float copy of a whole step's
+    # [B * n, V] logits runs several times slower on the CPU. Each row's sum is its own.
+    norms = [torch.logsumexp(block.float() * scale if scale != 1.0 else block.float(), dim=-1) for block in rows.split(8)]
+    log_norm = (torch.cat(norms) if norms else rows.new_zeros(0, dtype=torch.float32)).view(*logits.shape[:-1], 1)
     return ids, (values.float() * scale - log_norm).exp()
 
 
@@ -188,12 +196,14 @@ class TreeVerifier:
     ) -> PrefillOutput:
         """Run the prompt through the target and fill the cache.
 
-        With ``topk > 0`` the prompt positions but the last go through the decoder alone and
-        the LM head runs in chunks of ``chunk`` rows keeping only top-k ids, so an ``L x V``
-        logits tensor never exists. It runs only at the last occurrence of each distinct token:
+        With ``topk > 0`` the LM head runs only at the last occurrence of each distinct token:
         the tables that consume these rows keep only a token's latest occurrence, so earlier
-        rows would be overwritten anyway. The last position always goes through the full
-        model, so its logits include any output scaling the model applies.
+        rows would be overwritten anyway. Up to :data:`PROMPT_LOGITS_BUDGET` kept logits, one
+        forward returns those rows' logits (``logits_to_keep``); beyond it the prompt positions
+        but the last go through the decoder alone and the LM head runs in chunks of ``chunk``
+        rows keeping only top-k ids, so an ``L x V`` logits tensor never exists, and the last
+        position goes through the full model. Either way the last position's logits include any
+        output scaling the model applies.
 
         Args:
             prompt_ids: ``int32[L]`` prompt, ``L >= 1``.
@@ -210,7 +220,15 @@ class TreeVerifier:
         rows: list[tuple[torch.Tensor, torch.Tensor]] = []
         temperature = 1.0 if probs_temperature is None else probs_temperature
         positions = last_occurrences(np.asarray(prompt_ids))
-        if topk > 0 and ids.shape[1] > 1:
+        if topk > 0 and ids.shape[1] > 1 and len(positions) * vocab_size(self.model) <= PROMPT_LOGITS_BUDGET:
+            # One forward keeps the logits of the rows the tables read (the last among them): a
+            # second forward for the last token alone costs a decode step's weight reads.
+            kept = torch.from_numpy(positions).to(self.device)
+            logits = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=kept).logits[0]
+            for start in range(0, logits.shape[0] - 1, chunk):
+                rows.append(topk_with_probs(logits[start : min(start + chunk, logits.shape[0] - 1)], topk, temperature))
+            last = logits[-1]
+        elif topk > 0 and ids.shape[1] > 1:
             # The LM head is a monotone map away from the logits for every supported family
             # (at most a positive scale or soft-cap follows it), so top-k ids are exact.
             hidden = self.model.base_model(input_ids=ids[:, :-1], cache=self.cache, use_cache=True).last_hidden_state[0]
