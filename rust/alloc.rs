@@ -14,7 +14,12 @@ pub const MAX_ELEMENTS: usize = 1 << 28;
 /// # Errors
 /// `InvalidArgument` naming `arg` when `len` exceeds [`MAX_ELEMENTS`]; `OutOfMemory` when the
 /// system cannot provide the memory.
-pub fn filled<T: Clone>(arg: &'static str, what: &str, len: usize, value: T) -> Result<Vec<T>> {
+pub fn filled<T: Clone>(
+    arg: &'static str,
+    what: impl std::fmt::Display,
+    len: usize,
+    value: T,
+) -> Result<Vec<T>> {
     if len > MAX_ELEMENTS {
         return Err(invalid(
             arg,

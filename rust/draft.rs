@@ -324,10 +324,9 @@ impl<'a> ScoredBuild<'a> {
         }
         self.logits_expanded[i] = true;
         let token = builder.token(node);
-        let (Some(ids), Some(probs)) = (self.table.row(token), self.table.row_probs(token)) else {
+        let Some((ids, probs, measured)) = self.table.row_entry(token) else {
             return;
         };
-        let measured = self.table.measured_probs(token).is_some();
         for (j, (&t, &p)) in ids.iter().zip(probs).enumerate() {
             let cell = edge_cells::logits(j, measured.then_some(p));
             self.heap.push(Scored {

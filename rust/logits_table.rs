@@ -20,15 +20,19 @@ const MAX_CELLS: usize = 1 << 28;
 pub struct LogitsTable {
     vocab_size: usize,
     top_k: usize,
-    /// Token -> its row's slot in the packed arrays.
+    /// Token -> its row's slot in the packed arrays, with `MEASURED` set when the row's
+    /// probabilities were given (rather than the rank prior): one look-up answers both.
     slots: FxHashMap<u32, u32>,
     /// `top_k` ids per slot.
     ids: Vec<i32>,
     /// Probability of each stored id under the target (a rank prior when none was given).
     probs: Vec<f32>,
-    /// Whether a slot's probabilities were given (rather than the rank prior).
-    measured: Vec<bool>,
+    /// Rows held (slots `0..rows`).
+    rows: usize,
 }
+
+/// The flag of a slot whose probabilities were given; slots are below `MAX_CELLS` (2**28).
+const MEASURED: u32 = 1 << 31;
 
 fn check_token(vocab_size: usize, arg: &'static str, t: i32) -> Result<usize> {
     if t < 0 || t as usize >= vocab_size {
@@ -58,7 +62,7 @@ impl LogitsTable {
             slots: FxHashMap::default(),
             ids: Vec::new(),
             probs: Vec::new(),
-            measured: Vec::new(),
+            rows: 0,
         })
     }
 
@@ -111,20 +115,22 @@ impl LogitsTable {
         self.slots.len()
     }
 
-    /// Heap memory held, in bytes (the containers' capacities): about `top_k * 8 + 13` bytes
+    /// Heap memory held, in bytes (the containers' capacities): about `top_k * 8 + 12` bytes
     /// per row written, nothing for the rows never written.
     #[must_use]
     pub fn memory_bytes(&self) -> usize {
         hash_map_bytes(self.slots.capacity(), size_of::<(u32, u32)>())
             + self.ids.capacity() * size_of::<i32>()
             + self.probs.capacity() * size_of::<f32>()
-            + self.measured.capacity()
     }
 
-    /// The slot of `token`'s row, if it was written (and is in range).
-    fn slot(&self, token: i32) -> Option<usize> {
+    /// The slot of `token`'s row and whether its probabilities were given, if it was written
+    /// (and is in range).
+    fn slot(&self, token: i32) -> Option<(usize, bool)> {
         let t = u32::try_from(token).ok()?;
-        self.slots.get(&t).map(|&s| s as usize)
+        self.slots
+            .get(&t)
+            .map(|&s| ((s & !MEASURED) as usize, s & MEASURED != 0))
     }
 
     /// Room for `rows` more rows, so an update that starts cannot fail halfway.
@@ -133,7 +139,6 @@ impl LogitsTable {
         let cells = rows.saturating_mul(self.top_k);
         grow(&mut self.ids, cells, what)?;
         grow(&mut self.probs, cells, what)?;
-        grow(&mut self.measured, rows, what)?;
         self.slots
             .try_reserve(rows)
             .map_err(|_| out_of_memory(what, rows * size_of::<(u32, u32)>()))
@@ -172,13 +177,16 @@ impl LogitsTable {
             .filter(|&&t| !self.slots.contains_key(&(t as u32)))
             .count();
         self.reserve_rows(new_rows)?;
+        let flag = if topk_probs.is_some() { MEASURED } else { 0 };
         for (i, &t) in tokens.iter().enumerate() {
-            let next = self.measured.len();
-            let slot = *self.slots.entry(t as u32).or_insert(next as u32) as usize;
-            if slot == next {
+            let next = self.rows as u32;
+            let entry = self.slots.entry(t as u32).or_insert(next);
+            *entry = (*entry & !MEASURED) | flag;
+            let slot = (*entry & !MEASURED) as usize;
+            if slot == self.rows {
                 self.ids.resize(self.ids.len() + k, 0);
                 self.probs.resize(self.probs.len() + k, 0.0);
-                self.measured.push(false);
+                self.rows += 1;
             }
             self.ids[slot * k..(slot + 1) * k].copy_from_slice(&topk_ids[i * k..(i + 1) * k]);
             let cells = &mut self.probs[slot * k..(slot + 1) * k];
@@ -189,7 +197,6 @@ impl LogitsTable {
                     .enumerate()
                     .for_each(|(j, p)| *p = rank_prior(j)),
             }
-            self.measured[slot] = topk_probs.is_some();
         }
         Ok(())
     }
@@ -246,14 +253,14 @@ impl LogitsTable {
     /// The stored ids of `token`, or `None` if its row was never written (or it is out of range).
     #[must_use]
     pub fn row(&self, token: i32) -> Option<&[i32]> {
-        let s = self.slot(token)?;
+        let (s, _) = self.slot(token)?;
         Some(&self.ids[s * self.top_k..(s + 1) * self.top_k])
     }
 
     /// The stored probabilities of `token`'s ids, or `None` if its row was never written.
     #[must_use]
     pub fn row_probs(&self, token: i32) -> Option<&[f32]> {
-        let s = self.slot(token)?;
+        let (s, _) = self.slot(token)?;
         Some(&self.probs[s * self.top_k..(s + 1) * self.top_k])
     }
 
@@ -261,21 +268,17 @@ impl LogitsTable {
     /// written without probabilities.
     #[must_use]
     pub fn measured_probs(&self, token: i32) -> Option<&[f32]> {
-        let s = self.slot(token)?;
-        self.measured[s].then(|| &self.probs[s * self.top_k..(s + 1) * self.top_k])
+        let (s, measured) = self.slot(token)?;
+        measured.then(|| &self.probs[s * self.top_k..(s + 1) * self.top_k])
     }
 
     /// The stored ids and probabilities of `token`'s row and whether the probabilities were
     /// given (one lookup for what `row`, `row_probs` and `measured_probs` answer).
     #[must_use]
     pub fn row_entry(&self, token: i32) -> Option<(&[i32], &[f32], bool)> {
-        let s = self.slot(token)?;
+        let (s, measured) = self.slot(token)?;
         let cells = s * self.top_k..(s + 1) * self.top_k;
-        Some((
-            &self.ids[cells.clone()],
-            &self.probs[cells],
-            self.measured[s],
-        ))
+        Some((&self.ids[cells.clone()], &self.probs[cells], measured))
     }
 
     /// Forget every row, releasing their memory.
@@ -283,7 +286,7 @@ impl LogitsTable {
         self.slots = FxHashMap::default();
         self.ids = Vec::new();
         self.probs = Vec::new();
-        self.measured = Vec::new();
+        self.rows = 0;
     }
 
     /// The breadth-halving logits tree of at most `budget` nodes rooted at `root`.
@@ -302,18 +305,22 @@ impl LogitsTable {
     /// the builder holds `budget` nodes. Child `j` of a node at depth `d` with breadth `b` gets
     /// breadth `max(1, b >> (j + [d != exempt_depth]))`; the root has breadth `top_k`.
     pub fn expand_into(&self, builder: &mut TreeBuilder, budget: usize, exempt_depth: u32) {
-        let mut queued = vec![false; builder.len()];
-        let mut queue = VecDeque::from([(0u32, self.top_k)]);
+        // Room for the whole tree up front (nodes are numbered below `budget`; capped, as the
+        // budget is a limit, not a size), so the buffers do not grow node by node.
+        let room = budget.clamp(builder.len(), 4096.max(builder.len()));
+        let mut queued = vec![false; room];
+        let mut queue = VecDeque::with_capacity(room);
+        queue.push_back((0u32, self.top_k));
         queued[0] = true;
         while let Some((u, breadth)) = queue.pop_front() {
             if builder.len() >= budget {
                 break;
             }
-            let Some(row) = self.row(builder.token(u)) else {
+            let Some((row, probs, measured)) = self.row_entry(builder.token(u)) else {
                 continue;
             };
+            let probs = measured.then_some(probs);
             let shift0 = usize::from(builder.depth(u) != exempt_depth);
-            let probs = self.measured_probs(builder.token(u));
             for (j, &token) in row.iter().enumerate().take(breadth) {
                 let child_breadth = (breadth >> (j + shift0).min(63)).max(1);
                 let cell = edge_cells::logits(j, probs.map(|p| p[j]));

@@ -450,22 +450,33 @@ impl DraftPool {
         if ids.is_empty() {
             return Err(invalid("ids", "the batch is empty"));
         }
+        // Repeats are found by entry (an address hashes faster than a string id): every id
+        // before `i` is known, so an id that repeats one of them is known too and is reported
+        // as a repeat, as an unknown one cannot repeat a known one. A small batch is scanned.
+        const SCANNED: usize = 16;
         let what = "the batch's requests";
-        let mut seen: FxHashMap<&RequestId, usize> = FxHashMap::default();
-        seen.try_reserve(ids.len())
-            .map_err(|_| alloc::out_of_memory(what, ids.len().saturating_mul(24)))?;
-        let mut entries = alloc::with_capacity(ids.len(), what)?;
+        let mut seen: FxHashMap<*const Entry, usize> = FxHashMap::default();
+        if ids.len() > SCANNED {
+            seen.try_reserve(ids.len())
+                .map_err(|_| alloc::out_of_memory(what, ids.len().saturating_mul(24)))?;
+        }
+        let mut entries: Vec<&Entry> = alloc::with_capacity(ids.len(), what)?;
         for (i, id) in ids.iter().enumerate() {
-            if let Some(first) = seen.insert(id, i) {
+            let entry = requests
+                .map
+                .get(id)
+                .ok_or_else(|| invalid_at(format!("ids[{i}] ({id})"), "unknown request id"))?;
+            let first = if ids.len() > SCANNED {
+                seen.insert(std::ptr::from_ref(entry), i)
+            } else {
+                entries.iter().position(|&e| std::ptr::eq(e, entry))
+            };
+            if let Some(first) = first {
                 return Err(invalid_at(
                     format!("ids[{i}] ({id})"),
                     format!("duplicate request id (also ids[{first}])"),
                 ));
             }
-            let entry = requests
-                .map
-                .get(id)
-                .ok_or_else(|| invalid_at(format!("ids[{i}] ({id})"), "unknown request id"))?;
             entries.push(entry);
         }
         Ok(entries)

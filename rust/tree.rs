@@ -27,16 +27,16 @@ pub fn check_budget(arg: &'static str, budget: usize) -> Result<()> {
 
 /// A draft tree flattened in BFS order: root at index 0, every parent before its children,
 /// depths non-decreasing, and distinct tokens among siblings.
+///
+/// Two buffers (a tree is built once per request and step, so allocations count): `nodes`
+/// holds the tokens, the parents, the depths and the edge cells (see `crate::edge_cells`; the
+/// root's is `NO_CELL`), `n` of each in that order; `adjacency` the CSR adjacency, `child_start`
+/// (`n + 1`) then `children` (`n - 1`): the children of node `u` are
+/// `children[child_start[u]..child_start[u + 1]]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DraftTree {
-    tokens: Vec<i32>,
-    parents: Vec<i32>,
-    depths: Vec<i32>,
-    /// Edge cell of every node (see `crate::edge_cells`; the root's is `NO_CELL`).
-    cells: Vec<i32>,
-    /// CSR adjacency: the children of node `u` are `children[child_start[u]..child_start[u + 1]]`.
-    child_start: Vec<u32>,
-    children: Vec<u32>,
+    nodes: Vec<i32>,
+    adjacency: Vec<u32>,
 }
 
 impl DraftTree {
@@ -114,16 +114,15 @@ impl DraftTree {
             }
         }
         let cells = edge_cells::structural(&parents, &depths)?;
-        let child_start = crate::alloc::filled("tokens", &what, n + 1, 0u32)?;
-        let children = crate::alloc::filled("tokens", &what, n - 1, 0u32)?;
-        Ok(Self::from_valid(
-            tokens,
-            parents,
-            depths,
-            cells,
-            child_start,
-            children,
-        ))
+        let mut nodes = crate::alloc::filled("tokens", &what, 4 * n, 0i32)?;
+        for (part, values) in nodes
+            .chunks_exact_mut(n)
+            .zip([tokens, parents, depths, cells])
+        {
+            part.copy_from_slice(&values);
+        }
+        let adjacency = crate::alloc::filled("tokens", &what, 2 * n, 0u32)?;
+        Ok(Self::from_valid(nodes, adjacency))
     }
 
     /// [`DraftTree::from_parents`] with the edge cells given (`NO_CELL` at the root).
@@ -156,7 +155,8 @@ impl DraftTree {
                 format!("cell {c} is outside 0..{}", edge_cells::EDGE_CELLS),
             ));
         }
-        tree.cells = cells;
+        let n = tree.len();
+        tree.nodes[3 * n..].copy_from_slice(&cells);
         Ok(tree)
     }
 
@@ -170,17 +170,12 @@ impl DraftTree {
         Self::from_parents(tokens.to_vec(), parents)
     }
 
-    /// A tree from checked arrays; `child_start` (`n + 1` zeros) and `children` (`n - 1`) are
-    /// the caller's buffers, so that `from_parents` can allocate them fallibly.
-    fn from_valid(
-        tokens: Vec<i32>,
-        parents: Vec<i32>,
-        depths: Vec<i32>,
-        cells: Vec<i32>,
-        mut child_start: Vec<u32>,
-        mut children: Vec<u32>,
-    ) -> Self {
-        let n = tokens.len();
+    /// A tree from checked arrays (`nodes` as the tree holds them); `adjacency` (`2n` zeros) is
+    /// the caller's buffer, so that `from_parents` can allocate it fallibly.
+    fn from_valid(nodes: Vec<i32>, mut adjacency: Vec<u32>) -> Self {
+        let n = nodes.len() / 4;
+        let (child_start, children) = adjacency.split_at_mut(n + 1);
+        let parents = &nodes[n..2 * n];
         for &p in &parents[1..] {
             child_start[p as usize + 1] += 1;
         }
@@ -195,62 +190,58 @@ impl DraftTree {
         }
         child_start.copy_within(0..n, 1);
         child_start[0] = 0;
-        Self {
-            tokens,
-            parents,
-            depths,
-            cells,
-            child_start,
-            children,
-        }
+        Self { nodes, adjacency }
     }
 
     /// Number of nodes, root included.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.tokens.len()
+        self.nodes.len() / 4
     }
 
     /// Edge cell of every node (`NO_CELL` for the root).
     #[must_use]
     pub fn cells(&self) -> &[i32] {
-        &self.cells
+        &self.nodes[3 * self.len()..]
     }
 
     /// Always false: a tree has at least its root.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
+        self.nodes.is_empty()
     }
 
     /// Token of every node.
     #[must_use]
     pub fn tokens(&self) -> &[i32] {
-        &self.tokens
+        &self.nodes[..self.len()]
     }
 
     /// Parent of every node (`-1` for the root).
     #[must_use]
     pub fn parents(&self) -> &[i32] {
-        &self.parents
+        let n = self.len();
+        &self.nodes[n..2 * n]
     }
 
     /// Depth of every node (root 0).
     #[must_use]
     pub fn depths(&self) -> &[i32] {
-        &self.depths
+        let n = self.len();
+        &self.nodes[2 * n..3 * n]
     }
 
     /// Depth of the deepest node.
     #[must_use]
     pub fn max_depth(&self) -> usize {
-        *self.depths.last().unwrap_or(&0) as usize
+        *self.depths().last().unwrap_or(&0) as usize
     }
 
     /// Children of node `u`, in index order.
     #[must_use]
     pub fn children(&self, u: usize) -> &[u32] {
-        &self.children[self.child_start[u] as usize..self.child_start[u + 1] as usize]
+        let (child_start, children) = self.adjacency.split_at(self.len() + 1);
+        &children[child_start[u] as usize..child_start[u + 1] as usize]
     }
 
     /// Row-major `n x n` ancestor-or-self mask.
@@ -263,8 +254,9 @@ impl DraftTree {
         let what = format!("the attention mask of a {n}-node tree ({n} x {n})");
         let mut mask = crate::alloc::filled("attention_mask", &what, n.saturating_mul(n), false)?;
         mask[0] = true;
+        let parents = self.parents();
         for i in 1..n {
-            let p = self.parents[i] as usize;
+            let p = parents[i] as usize;
             let (done, rest) = mask.split_at_mut(i * n);
             rest[..n].copy_from_slice(&done[p * n..p * n + n]);
             rest[i] = true;
@@ -292,11 +284,12 @@ impl DraftTree {
             leaves.len().saturating_mul(cols),
             -1i32,
         )?;
+        let (parents, depths) = (self.parents(), self.depths());
         for (row, &leaf) in leaves.iter().enumerate() {
             let mut u = leaf as i32;
             while u >= 0 {
-                data[row * cols + self.depths[u as usize] as usize] = u;
-                u = self.parents[u as usize];
+                data[row * cols + depths[u as usize] as usize] = u;
+                u = parents[u as usize];
             }
         }
         Ok((data, leaves.len(), cols))
@@ -323,7 +316,7 @@ impl DraftTree {
         while let Some(&c) = self
             .children(u)
             .iter()
-            .find(|&&c| self.tokens[c as usize] == predicted[u])
+            .find(|&&c| self.tokens()[c as usize] == predicted[u])
         {
             path.push(c);
             u = c as usize;
@@ -343,7 +336,6 @@ pub struct TreeBuilder {
 #[derive(Debug, Clone, Copy)]
 struct BuilderNode {
     token: i32,
-    parent: u32,
     depth: u32,
     cell: i32,
     first_child: u32,
@@ -365,7 +357,6 @@ impl TreeBuilder {
         let mut all = Vec::with_capacity(nodes.clamp(1, 4096));
         all.push(BuilderNode {
             token: root,
-            parent: NIL,
             depth: 0,
             cell: edge_cells::NO_CELL,
             first_child: NIL,
@@ -440,7 +431,6 @@ impl TreeBuilder {
         }
         self.nodes.push(BuilderNode {
             token,
-            parent,
             depth,
             cell,
             first_child: NIL,
@@ -466,43 +456,41 @@ impl TreeBuilder {
     #[must_use]
     pub fn finish(&self) -> DraftTree {
         let n = self.len();
-        // BFS order puts each node's children side by side, so the CSR adjacency comes for free.
-        let mut order = Vec::with_capacity(n);
-        let mut new_index = vec![0i32; n];
-        let mut child_start = Vec::with_capacity(n + 1);
-        order.push(0u32);
-        let mut head = 0;
-        while head < order.len() {
-            let u = order[head];
-            new_index[u as usize] = head as i32;
-            head += 1;
-            child_start.push(order.len() as u32 - 1); // `children[k]` is node `k + 1`
-            let mut c = self.nodes[u as usize].first_child;
+        let mut nodes = vec![0i32; 4 * n];
+        let mut adjacency = vec![0u32; 2 * n];
+        let (tokens, rest) = nodes.split_at_mut(n);
+        let (parents, rest) = rest.split_at_mut(n);
+        let (depths, cells) = rest.split_at_mut(n);
+        // BFS order puts each node's children side by side, so the CSR adjacency comes for
+        // free: `children[k]` is node `k + 1`. Until then that part holds the BFS order
+        // (`order[k]` the builder node at position `k + 1`).
+        let (child_start, order) = adjacency.split_at_mut(n + 1);
+        let mut placed = 0;
+        for at in 0..n {
+            let u = if at == 0 { 0 } else { order[at - 1] };
+            let node = &self.nodes[u as usize];
+            tokens[at] = node.token;
+            #[allow(clippy::cast_possible_wrap)] // depths are below MAX_TREE_NODES
+            let depth = node.depth as i32;
+            depths[at] = depth;
+            cells[at] = node.cell;
+            child_start[at] = placed as u32;
+            let mut c = node.first_child;
             while c != NIL {
-                order.push(c);
+                order[placed] = c;
+                placed += 1;
+                #[allow(clippy::cast_possible_wrap)]
+                let parent = at as i32;
+                parents[placed] = parent;
                 c = self.nodes[c as usize].next_sibling;
             }
         }
-        child_start.push(n as u32 - 1);
-        let node = |u: u32| &self.nodes[u as usize];
-        let tokens = order.iter().map(|&u| node(u).token).collect();
-        let parents = order
-            .iter()
-            .map(|&u| match node(u).parent {
-                NIL => -1,
-                p => new_index[p as usize],
-            })
-            .collect();
-        let depths = order.iter().map(|&u| node(u).depth as i32).collect();
-        let cells = order.iter().map(|&u| node(u).cell).collect();
-        DraftTree {
-            tokens,
-            parents,
-            depths,
-            cells,
-            child_start,
-            children: (1..n as u32).collect(),
+        parents[0] = -1;
+        child_start[n] = n as u32 - 1;
+        for (k, slot) in order.iter_mut().enumerate() {
+            *slot = k as u32 + 1;
         }
+        DraftTree { nodes, adjacency }
     }
 }
 

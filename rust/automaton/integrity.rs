@@ -4,7 +4,7 @@
 
 use rustc_hash::FxHashSet;
 
-use super::{Automaton, NIL, ROOT, key};
+use super::{Automaton, HASHED_CHILDREN, NIL, ROOT, key};
 use crate::error::{Error, Result};
 
 /// How `check` verifies failure links.
@@ -72,11 +72,14 @@ impl Automaton {
                 self.live, self.capacity
             ));
         }
-        if self.goto.len() != self.live {
+        let hashed = alive
+            .iter()
+            .filter(|&&v| self.nodes[self.nodes[v as usize].parent as usize].hashed)
+            .count();
+        if self.goto.len() != hashed {
             return fail(format!(
-                "goto has {} entries for {} nodes",
+                "goto has {} entries for {hashed} children of hashed nodes",
                 self.goto.len(),
-                self.live
             ));
         }
         let mut n_children = vec![0u32; self.nodes.len()];
@@ -90,8 +93,14 @@ impl Automaton {
                     n.parent, n.depth
                 ));
             }
-            if self.goto.get(&key(n.parent, n.token)) != Some(&v) {
+            let entry = self.goto.get(&key(n.parent, n.token));
+            if p.hashed && entry != Some(&v) {
                 return fail(format!("node {v}: goto entry missing"));
+            }
+            if !p.hashed && entry.is_some() {
+                return fail(format!(
+                    "node {v}: goto entry for a node whose parent is not hashed"
+                ));
             }
             if n.count == 0 || (n.parent != ROOT && p.count < n.count) {
                 return fail(format!(
@@ -127,14 +136,30 @@ impl Automaton {
                 return fail(format!("node {v}: dependent counters out of date"));
             }
         }
+        let mut tokens = Vec::new();
         for &u in alive.iter().chain(&[ROOT]) {
             let (mut c, mut prev, mut seen) = (self.nodes[u as usize].first_child, NIL, 0);
+            tokens.clear();
             while c != NIL {
                 let n = &self.nodes[c as usize];
                 if !n.alive || n.parent != u || n.prev_sibling != prev || seen > self.live {
                     return fail(format!("node {u}: broken child list at {c}"));
                 }
+                tokens.push(n.token);
                 (prev, c, seen) = (c, n.next_sibling, seen + 1);
+            }
+            let hashed = self.nodes[u as usize].hashed;
+            if hashed && seen == 0 {
+                return fail(format!("node {u}: hashed without children"));
+            }
+            if !hashed && seen > HASHED_CHILDREN as usize {
+                return fail(format!("node {u}: {seen} children and not hashed"));
+            }
+            // A hashed node's children map to themselves (checked above), so their tokens are
+            // distinct; the others' are compared here.
+            tokens.sort_unstable();
+            if !hashed && tokens.windows(2).any(|w| w[0] == w[1]) {
+                return fail(format!("node {u}: two children share a token"));
             }
             if u != ROOT && seen != n_children[u as usize] as usize {
                 return fail(format!(
@@ -161,10 +186,7 @@ impl Automaton {
             return ROOT;
         }
         let parent_fail = self.nodes[n.parent as usize].fail;
-        self.goto
-            .get(&key(parent_fail, n.token))
-            .copied()
-            .unwrap_or(NIL)
+        self.child(parent_fail, n.token).unwrap_or(NIL)
     }
 
     /// The longest proper suffix of `s` present in the trie.

@@ -46,10 +46,11 @@ impl LruQueue {
 
     /// Push `(tick, node)`; false (and nothing pushed) when memory for it cannot be had.
     #[must_use]
+    #[inline]
     pub(crate) fn push(&mut self, tick: u64, node: u32) -> bool {
         let k = key(tick, node);
         if self.sorted.back().is_none_or(|&b| b <= k) {
-            if self.sorted.try_reserve(1).is_err() {
+            if self.sorted.len() == self.sorted.capacity() && self.sorted.try_reserve(1).is_err() {
                 return false;
             }
             self.sorted.push_back(k);
@@ -77,6 +78,7 @@ impl LruQueue {
     }
 
     /// Pop the least `(tick, node)`.
+    #[inline]
     pub(crate) fn pop(&mut self) -> Option<(u64, u32)> {
         let k = match (self.sorted.front(), self.early.peek()) {
             (Some(&s), Some(e)) if e.0 < s => self.early.pop().map(|e| e.0),

@@ -42,8 +42,14 @@ const ROOT: u32 = 0;
 pub const MAX_NGRAM: usize = 64;
 /// Largest node budget: node indices are `u32` with two values reserved.
 pub const MAX_NODES: usize = (NIL - 2) as usize;
+/// A node's children are looked up on its child list while they are at most this many, and
+/// in the goto map beyond: most nodes have a few children, and scanning those touches nodes
+/// that the caller reads next anyway, where a hash lookup, insertion and removal would each
+/// touch a random bucket of a large table.
+const HASHED_CHILDREN: u32 = 8;
 
 #[derive(Debug, Clone)]
+#[repr(align(64))]
 struct Node {
     token: u32,
     parent: u32,
@@ -61,6 +67,9 @@ struct Node {
     /// Bumped on every eviction, so stale handles can be detected.
     generation: u32,
     alive: bool,
+    /// The children are in the goto map (set when they outnumber `HASHED_CHILDREN`, cleared
+    /// when the last one goes); otherwise they are found on the child list.
+    hashed: bool,
 }
 
 impl Node {
@@ -79,6 +88,7 @@ impl Node {
             tick: 0,
             generation: 0,
             alive: true,
+            hashed: false,
         }
     }
 }
@@ -90,7 +100,8 @@ pub struct Automaton {
     capacity: usize,
     min_depth: usize,
     nodes: Vec<Node>,
-    /// Goto function: `(parent << 32) | token` -> child.
+    /// Goto function of the nodes with many children (`Node::hashed`):
+    /// `(parent << 32) | token` -> child.
     goto: FxHashMap<u64, u32>,
     free: Vec<u32>,
     live: usize,
@@ -103,6 +114,9 @@ pub struct Automaton {
     recent: VecDeque<u32>,
     /// Nodes that the running `extend` step still needs; never evicted.
     pinned: Vec<u32>,
+    /// The least last use of a pinned node when it was pinned (ticks only grow): an LRU entry
+    /// older than this cannot be a pinned node, so only newer ones are looked up in `pinned`.
+    pinned_since: u64,
     /// Bumped by `clear`, which recycles every slot with generation 0: a `Recency` taken before
     /// is then ignored.
     epoch: u32,
@@ -188,6 +202,7 @@ impl Automaton {
             state_generation: 0,
             recent,
             pinned,
+            pinned_since: 0,
             chain,
             epoch: 0,
             lru_lost: false,
@@ -264,37 +279,83 @@ impl Automaton {
         Ok(())
     }
 
-    /// Room for everything one `extend_one` step can add (a node, a map entry and a free slot
-    /// per chain node), so a step that starts cannot fail halfway (the LRU queue drops an entry
-    /// it has no memory for and is rebuilt later, see `push_if_evictable`).
+    /// Room for the nodes one `extend_one` step can add (a node and a free slot per chain
+    /// node), so a step that starts cannot fail halfway (the goto map's room is reserved by
+    /// `reserve_goto` before the step changes anything; the LRU queue drops an entry it has no
+    /// memory for and is rebuilt later, see `push_if_evictable`).
     fn reserve_step(&mut self, steps: usize) -> Result<()> {
+        // Almost always there is room already: checked inline, the growth path out of line.
+        let spare = |len: usize, capacity: usize| capacity - len >= steps;
+        if (self.free.len() >= steps || spare(self.nodes.len(), self.nodes.capacity()))
+            && spare(self.free.len(), self.free.capacity())
+        {
+            return Ok(());
+        }
+        self.grow_step(steps)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow_step(&mut self, steps: usize) -> Result<()> {
         let what = "the automaton's nodes";
         if self.free.len() < steps {
             grow(&mut self.nodes, steps, what)?;
         }
-        grow(&mut self.free, steps, what)?;
-        self.goto
-            .try_reserve(steps)
-            .map_err(|_| out_of_memory(what, steps * size_of::<(u64, u32)>()))
+        grow(&mut self.free, steps, what)
+    }
+
+    /// Room in the goto map for a child of each of `parents`: its own entry if the parent is
+    /// hashed, all the parent's children if it would pass `HASHED_CHILDREN`. Evictions meanwhile
+    /// only lower that (and removals never take room from the map), so the inserts that follow
+    /// never allocate.
+    fn reserve_goto(&mut self, parents: std::ops::Range<usize>) -> Result<()> {
+        let spare = self.goto.capacity() - self.goto.len();
+        if spare >= parents.len() * (HASHED_CHILDREN as usize + 1) {
+            return Ok(()); // room for the most there can be: no need to count
+        }
+        let entries: usize = self.chain[parents]
+            .iter()
+            .map(|&p| {
+                let n = &self.nodes[p as usize];
+                match n.n_children + 1 {
+                    _ if n.hashed => 1,
+                    c if c > HASHED_CHILDREN => c as usize,
+                    _ => 0,
+                }
+            })
+            .sum();
+        if spare >= entries {
+            return Ok(());
+        }
+        self.goto.try_reserve(entries).map_err(|_| {
+            out_of_memory(
+                "the automaton's goto map",
+                entries * size_of::<(u64, u32)>(),
+            )
+        })
     }
 
     fn extend_one(&mut self, x: u32) -> Result<()> {
         self.ensure_state();
         self.reserve_step(self.ngram)?;
-        self.tick += 1;
         // The failure chain of the state lists every context suffix, deepest first; suffixes of
         // length `ngram` cannot grow, so they are skipped.
         self.chain.clear();
         let mut u = self.state;
+        let mut since = u64::MAX;
         loop {
-            if (self.nodes[u as usize].depth as usize) < self.ngram {
+            let node = &self.nodes[u as usize];
+            if (node.depth as usize) < self.ngram {
                 self.chain.push(u);
             }
             if u == ROOT {
                 break;
             }
-            u = self.nodes[u as usize].fail;
+            // The root is never evicted, so its last use does not matter.
+            since = since.min(node.tick);
+            u = node.fail;
         }
+        self.pinned_since = since;
         self.pinned.clear();
         self.pinned.extend_from_slice(&self.chain);
         // Suffix closure: if `s + x` is a node, so is `s' + x` for every suffix `s'` of `s`, and
@@ -302,8 +363,11 @@ impl Automaton {
         // first only until one exists; the shallower nodes are its failure chain, no hashing.
         let n = self.chain.len();
         let (found, hit) = (0..n)
-            .find_map(|i| self.goto.get(&key(self.chain[i], x)).map(|&v| (i, v)))
+            .find_map(|i| self.child(self.chain[i], x).map(|v| (i, v)))
             .unwrap_or((n, ROOT));
+        // Nothing was changed so far; from here on nothing can fail.
+        self.reserve_goto(0..found)?;
+        self.tick += 1;
         let mut v = hit;
         for _ in found..n {
             let node = &mut self.nodes[v as usize];
@@ -328,10 +392,14 @@ impl Automaton {
         }
         self.recent.push_back(x);
         // Only the new chain was touched; record the ones nothing depends on as LRU candidates.
-        for i in self.chain.len()..self.pinned.len() {
-            let v = self.pinned[i];
-            self.push_if_evictable(v);
-        }
+        // That is the new state at most: every other node of the chain is the failure link of
+        // the next deeper one.
+        debug_assert!(
+            self.pinned[self.chain.len()..]
+                .iter()
+                .all(|&v| v == shorter || !self.is_evictable(v))
+        );
+        self.push_if_evictable(shorter);
         self.pinned.clear();
         if self.lru.len() > 2 * self.live + 4096 {
             self.rebuild_lru();
@@ -360,6 +428,7 @@ impl Automaton {
             tick: self.tick,
             generation: 0,
             alive: true,
+            hashed: false,
         };
         let v = if let Some(v) = self.free.pop() {
             let generation = self.nodes[v as usize].generation;
@@ -372,12 +441,46 @@ impl Automaton {
         if first != NIL {
             self.nodes[first as usize].prev_sibling = v;
         }
-        self.nodes[parent as usize].first_child = v;
-        self.nodes[parent as usize].n_children += 1;
+        let p = &mut self.nodes[parent as usize];
+        p.first_child = v;
+        p.n_children += 1;
+        if p.hashed {
+            self.goto.insert(key(parent, token), v);
+        } else if p.n_children > HASHED_CHILDREN {
+            p.hashed = true;
+            self.hash_children(parent);
+        }
         self.nodes[fail as usize].fail_in += 1;
-        self.goto.insert(key(parent, token), v);
         self.live += 1;
         Ok(v)
+    }
+
+    /// Put every child of `u` into the goto map (room was reserved by `reserve_goto`).
+    fn hash_children(&mut self, u: u32) {
+        let mut c = self.nodes[u as usize].first_child;
+        while c != NIL {
+            let n = &self.nodes[c as usize];
+            self.goto.insert(key(u, n.token), c);
+            c = n.next_sibling;
+        }
+    }
+
+    /// The child of `u` labelled `token`, if any.
+    #[inline]
+    fn child(&self, u: u32, token: u32) -> Option<u32> {
+        let n = &self.nodes[u as usize];
+        if n.hashed {
+            return self.goto.get(&key(u, token)).copied();
+        }
+        let mut c = n.first_child;
+        while c != NIL {
+            let n = &self.nodes[c as usize];
+            if n.token == token {
+                return Some(c);
+            }
+            c = n.next_sibling;
+        }
+        None
     }
 
     fn is_evictable(&self, v: u32) -> bool {
@@ -425,18 +528,41 @@ impl Automaton {
 
     /// Pop the least recently used node that can be evicted now, if any.
     fn pop_victim(&mut self) -> Option<u32> {
-        let mut skipped = Vec::new();
+        loop {
+            let (tick, v) = self.lru.pop()?;
+            if self.is_victim(tick, v) {
+                // Pinned nodes were used in this step or the one before: older entries need
+                // no look-up.
+                if tick >= self.pinned_since && self.pinned.contains(&v) {
+                    return self.pop_victim_after_pinned(tick, v);
+                }
+                return Some(v);
+            }
+        }
+    }
+
+    /// Whether the LRU entry `(tick, v)` is current: a stale one was used again since (a newer
+    /// entry exists) or is no longer evictable. A recycled slot never matches an old entry's
+    /// tick, as nodes are only evicted in a later step than their last use.
+    #[inline]
+    fn is_victim(&self, tick: u64, v: u32) -> bool {
+        self.is_evictable(v) && self.nodes[v as usize].tick == tick
+    }
+
+    /// [`Automaton::pop_victim`] once it popped the pinned `(tick, v)`: pinned entries are
+    /// set aside until a victim is found, then put back.
+    #[cold]
+    #[inline(never)]
+    fn pop_victim_after_pinned(&mut self, tick: u64, v: u32) -> Option<u32> {
+        let mut skipped = vec![(tick, v)];
         let victim = loop {
             let Some((tick, v)) = self.lru.pop() else {
                 break None;
             };
-            // Stale: used again since (a newer entry exists) or no longer evictable. A
-            // recycled slot never matches an old entry's tick, as nodes are only evicted in a
-            // later step than their last use.
-            if !self.is_evictable(v) || self.nodes[v as usize].tick != tick {
+            if !self.is_victim(tick, v) {
                 continue;
             }
-            if self.pinned.contains(&v) {
+            if tick >= self.pinned_since && self.pinned.contains(&v) {
                 skipped.push((tick, v));
                 continue;
             }
@@ -457,7 +583,11 @@ impl Automaton {
             prev_sibling,
             ..
         } = self.nodes[v as usize];
-        self.goto.remove(&key(parent, token));
+        let p = &mut self.nodes[parent as usize];
+        if p.hashed {
+            self.goto.remove(&key(parent, token));
+            p.hashed = p.n_children > 1;
+        }
         if prev_sibling == NIL {
             self.nodes[parent as usize].first_child = next_sibling;
         } else {
@@ -493,9 +623,7 @@ impl Automaton {
 
     /// The node spelling `pattern`, if present.
     fn find(&self, pattern: &[u32]) -> Option<u32> {
-        pattern
-            .iter()
-            .try_fold(ROOT, |u, &t| self.goto.get(&key(u, t)).copied())
+        pattern.iter().try_fold(ROOT, |u, &t| self.child(u, t))
     }
 
     /// Start a new request: later substrings never span this boundary; the index is kept.

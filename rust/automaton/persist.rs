@@ -55,7 +55,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Automaton, NIL, Node, ROOT, key};
+use super::{Automaton, HASHED_CHILDREN, NIL, Node, ROOT, key};
 use crate::crc32::crc32;
 use crate::error::{Error, Result, invalid, io_error};
 
@@ -347,13 +347,11 @@ fn decode(data: &[u8], source: &str) -> Result<Automaton> {
     let mut c = Columns::new(slots as usize, live as usize)?;
     a.free = buffer("an automaton's free slots", free_len as usize, 0)?;
     a.free.clear();
-    // The node table and the goto map, reserved now: `link` fills them without allocating.
+    // The node table, reserved now: `link` fills it without allocating (and reserves the
+    // goto map once it knows how many entries it holds).
     a.nodes
         .try_reserve_exact((slots as usize).saturating_sub(a.nodes.len()))
         .map_err(|_| out_of_memory("an automaton's nodes", slots as usize * size_of::<Node>()))?;
-    a.goto
-        .try_reserve(slots as usize)
-        .map_err(|_| out_of_memory("an automaton's goto map", slots as usize * 16))?;
     for _ in 0..free_len {
         let v = r.u32();
         if v == ROOT || v >= slots || c.depth[v as usize] == DEAD {
@@ -366,7 +364,7 @@ fn decode(data: &[u8], source: &str) -> Result<Automaton> {
     }
     c.read_nodes(&mut r, a.ngram, tick).map_err(&corrupt)?;
     debug_assert_eq!(r.at, len - CHECKSUM_LEN);
-    c.link(&mut a).map_err(&corrupt)?;
+    c.link(&mut a, corrupt)?;
     a.live = live as usize;
     a.recent = VecDeque::with_capacity(a.ngram + 1);
     a.recent.extend(recent.iter().copied());
@@ -502,7 +500,7 @@ impl Columns {
     /// suffix-closed), and counts never exceed the prefix's or the suffix's. Built, so right by
     /// construction: the goto map (one entry per live node), the child lists and the dependent
     /// counters. The caller checks the budget and rebuilds the match state and the LRU heap.
-    fn link(self, a: &mut Automaton) -> std::result::Result<(), String> {
+    fn link(self, a: &mut Automaton, corrupt: impl Fn(String) -> Error) -> Result<()> {
         let slots = self.slots();
         let Self {
             token,
@@ -522,10 +520,10 @@ impl Columns {
         for v in live.clone() {
             let (p, f) = (parent[v] as usize, fail[v] as usize);
             if depth[p] == DEAD || u32::from(depth[p]) + 1 != u32::from(depth[v]) {
-                return Err(format!(
+                return Err(corrupt(format!(
                     "node {v} (depth {}) hangs below slot {p}, which is free or at depth {}",
                     depth[v], depth[p]
-                ));
+                )));
             }
             let suffix = if depth[v] == 1 {
                 f == 0
@@ -536,29 +534,48 @@ impl Columns {
                     && parent[f] == fail[p]
             };
             if !suffix {
-                return Err(format!(
+                return Err(corrupt(format!(
                     "node {v} (depth {}): its failure link {f} is not the node of its string \
                      minus the first token",
                     depth[v]
-                ));
+                )));
             }
             if (p != 0 && count[p] < count[v]) || (f != 0 && count[f] < count[v]) {
-                return Err(format!(
+                return Err(corrupt(format!(
                     "node {v}: count {} exceeds its prefix's ({}) or its suffix's ({})",
                     count[v], count[p], count[f]
-                ));
+                )));
             }
             n_children[p] += 1;
             fail_in[f] += 1;
         }
+        // Only the children of nodes with many go into the goto map (see `Node::hashed`).
+        let hashed = |p: usize| n_children[p] > HASHED_CHILDREN;
+        let entries = live.clone().filter(|&v| hashed(parent[v] as usize)).count();
+        a.goto.try_reserve(entries).map_err(|_| {
+            out_of_memory("an automaton's goto map", entries * size_of::<(u64, u32)>())
+        })?;
         insert_in_bucket_order(
             a,
-            live.clone().map(|v| (key(parent[v], token[v]), v as u32)),
+            live.clone()
+                .filter(|&v| hashed(parent[v] as usize))
+                .map(|v| (key(parent[v], token[v]), v as u32)),
             sorted,
-        )?;
+        )
+        .map_err(&corrupt)?;
         for v in live {
             let p = parent[v] as usize;
             let first = first_child[p];
+            if !hashed(p) {
+                // The goto map did not see these: no two children of a node share a token.
+                let mut c = first;
+                while c != NIL {
+                    if token[c as usize] == token[v] {
+                        return Err(corrupt(two_children(p as u32, token[v])));
+                    }
+                    c = next_sibling[c as usize];
+                }
+            }
             next_sibling[v] = first;
             if first != NIL {
                 prev_sibling[first as usize] = v as u32;
@@ -585,6 +602,7 @@ impl Columns {
             tick: last_use[v],
             generation: 0,
             alive: depth[v] != DEAD,
+            hashed: n_children[v] > HASHED_CHILDREN,
         }));
         Ok(())
     }
@@ -624,14 +642,14 @@ fn insert_in_bucket_order(
     }
     for (k, v) in sorted {
         if a.goto.insert(k, v).is_some() {
-            return Err(format!(
-                "slot {} has two children labelled {}",
-                k >> 32,
-                k & u64::from(u32::MAX)
-            ));
+            return Err(two_children((k >> 32) as u32, k as u32));
         }
     }
     Ok(())
+}
+
+fn two_children(slot: u32, token: u32) -> String {
+    format!("slot {slot} has two children labelled {token}")
 }
 
 /// Write `bytes` to `path` atomically: a temporary file in the same folder, written, synced

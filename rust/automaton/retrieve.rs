@@ -9,7 +9,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::{Automaton, NIL, ROOT, key};
+use super::{Automaton, NIL, ROOT};
 use crate::edge_cells;
 use crate::error::{Result, invalid};
 use crate::tree::{DraftTree, TreeBuilder, check_budget};
@@ -175,7 +175,7 @@ impl Automaton {
         let mut borders = Vec::new();
         let mut u = deepest;
         loop {
-            if let Some(&v) = self.goto.get(&key(u, next)) {
+            if let Some(v) = self.child(u, next) {
                 if self.nodes[v as usize].depth as usize >= self.min_depth {
                     borders.push(v);
                 }
@@ -191,11 +191,16 @@ impl Automaton {
     /// `budget` nodes. Continuations are taken best first across the borders' subtrees, ranked
     /// by count, then depth, then token id; paths spelling the same tokens merge.
     pub fn retrieve_into(&mut self, builder: &mut TreeBuilder, next: u32, budget: usize) {
+        // The match state is not needed, but it is kept valid as every build did.
         self.ensure_state();
         // Suffix closure makes every path under a longer border also a path under the shortest
         // one, with a count at least as high; ranked by count, the longer borders only ever
         // produce merges, so the shortest border alone yields the same tree, faster.
-        let Some(border) = self.shortest_border_from(self.state, next) else {
+        let k = self.min_depth - 1;
+        let Some(start) = self.recent.len().checked_sub(k) else {
+            return;
+        };
+        let Some(border) = self.shortest_border(self.recent.range(start..).copied(), next) else {
             return;
         };
         // The request's own buffers, kept between builds (no allocation per call).
@@ -205,23 +210,19 @@ impl Automaton {
         self.scratch = scratch;
     }
 
-    /// The last of `borders_from(deepest, next)` without building the list.
-    fn shortest_border_from(&self, deepest: u32, next: u32) -> Option<u32> {
-        let mut shortest = None;
-        let mut u = deepest;
-        loop {
-            if let Some(&v) = self.goto.get(&key(u, next)) {
-                if self.nodes[v as usize].depth as usize >= self.min_depth {
-                    shortest = Some(v);
-                } else {
-                    return shortest; // shallower ones are shallower still
-                }
-            }
-            if u == ROOT {
-                return shortest;
-            }
-            u = self.nodes[u as usize].fail;
-        }
+    /// The last (shortest) of the borders for a context whose last `min_depth - 1` tokens are
+    /// `suffix`, without walking the failure chain: the node of `suffix + [next]`. It is a
+    /// border if it exists (its depth is `min_depth`), and if it does not, no longer suffix
+    /// `s` has a node `s + [next]` either (suffix closure: `suffix + [next]` would be a suffix
+    /// of it, hence a node), so there is no border. Two or so look-ups from the root instead
+    /// of one node (a cache miss, on a large batch) per level of the match state's chain.
+    pub(super) fn shortest_border(
+        &self,
+        mut suffix: impl Iterator<Item = u32>,
+        next: u32,
+    ) -> Option<u32> {
+        let u = suffix.try_fold(ROOT, |u, t| self.child(u, t))?;
+        self.child(u, next)
     }
 
     /// [`Automaton::retrieve_into`] for an explicit `context` (see [`Automaton::borders_for`]),
@@ -236,8 +237,13 @@ impl Automaton {
         budget: usize,
         source: Source,
     ) -> Vec<u32> {
-        match self.borders_for(context, next).last() {
-            Some(&border) => {
+        // The last of `borders_for(context, next)`, found directly (see `shortest_border`).
+        let shortest = context
+            .len()
+            .checked_sub(self.min_depth - 1)
+            .and_then(|start| self.shortest_border(context[start..].iter().copied(), next));
+        match shortest {
+            Some(border) => {
                 let mut scratch = Scratch::default();
                 self.collect_into(builder, border, budget, source, &mut scratch);
                 scratch.used
@@ -309,7 +315,7 @@ impl Automaton {
             });
             c = n.next_sibling;
         }
-        push_best(heap, scratch, keep);
+        push_best_each(heap, scratch, keep);
     }
 }
 
@@ -328,9 +334,25 @@ thread_local! {
 /// been placed. The tree is the same as with every child pushed, for far less heap work below
 /// nodes with thousands of children (a large shared index).
 pub(crate) fn push_best<T: Ord>(heap: &mut BinaryHeap<T>, candidates: &mut Vec<T>, keep: usize) {
+    keep_best(candidates, keep);
+    heap.extend(candidates.drain(..));
+}
+
+/// [`push_best`] pushing one candidate at a time: the heap's layout may differ from `extend`'s
+/// (which may rebuild it), so only for types whose order is total over everything a build
+/// reads from them (`Candidate`), where the layout cannot change what is popped. Cheaper for
+/// the few candidates a trie node has.
+fn push_best_each<T: Ord>(heap: &mut BinaryHeap<T>, candidates: &mut Vec<T>, keep: usize) {
+    keep_best(candidates, keep);
+    for c in candidates.drain(..) {
+        heap.push(c);
+    }
+}
+
+/// Keep only the `keep` greatest of `candidates` (all of them if there are fewer).
+fn keep_best<T: Ord>(candidates: &mut Vec<T>, keep: usize) {
     #[cfg(test)]
     if !PRUNE.with(std::cell::Cell::get) {
-        heap.extend(candidates.drain(..));
         return;
     }
     if keep == 0 {
@@ -341,7 +363,6 @@ pub(crate) fn push_best<T: Ord>(heap: &mut BinaryHeap<T>, candidates: &mut Vec<T
         candidates.select_nth_unstable_by(keep - 1, |a, b| b.cmp(a));
         candidates.truncate(keep);
     }
-    heap.extend(candidates.drain(..));
 }
 
 /// Hooks for the probability-scored tree builder (`crate::draft`).

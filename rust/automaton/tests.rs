@@ -449,3 +449,98 @@ fn memory_follows_the_nodes_held() {
         a.memory_bytes()
     );
 }
+
+#[test]
+fn the_shortest_border_is_the_last_of_the_borders() {
+    // Alphabets above HASHED_CHILDREN put the shallow nodes' children in the goto map.
+    for (seed, ngram, capacity, alphabet) in [(1, 4, 10_000, 4), (2, 5, 30, 12), (3, 3, 40, 20)] {
+        for min_depth in 1..=ngram {
+            let mut a = Automaton::new(ngram, capacity, min_depth).unwrap();
+            let mut s = seed;
+            for _ in 0..300 {
+                a.extend(&[(lcg(&mut s) % alphabet) as i32]).unwrap();
+                let recent = a.recent_tokens();
+                let mut other: Vec<u32> = (0..lcg(&mut s) % 6)
+                    .map(|_| lcg(&mut s) % alphabet)
+                    .collect();
+                other.extend_from_slice(
+                    &recent[recent.len().saturating_sub(lcg(&mut s) as usize % 4)..],
+                );
+                for next in 0..alphabet {
+                    let direct = |a: &Automaton, context: &[u32]| {
+                        let start = context.len().checked_sub(min_depth - 1)?;
+                        a.shortest_border(context[start..].iter().copied(), next)
+                    };
+                    assert_eq!(direct(&a, &recent), a.borders(next).last().copied());
+                    assert_eq!(
+                        direct(&a, &other),
+                        a.borders_for(&other, next).last().copied()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn children_on_lists_and_in_the_map_keep_every_invariant() {
+    // Nodes cross HASHED_CHILDREN both ways (children added, then evicted), and an image
+    // (which hashes by the children held) behaves as the automaton it came from.
+    for (seed, ngram, capacity, alphabet) in [
+        (1, 3, 60, 20),
+        (2, 4, 300, 30),
+        (3, 2, 40, 40),
+        (4, 5, 2000, 12),
+    ] {
+        let mut a = Automaton::new(ngram, capacity, 2).unwrap();
+        for (i, part) in workload(seed, 3000, alphabet).chunks(4).enumerate() {
+            feed(&mut a, part);
+            a.check_integrity().unwrap();
+            if i % 3 == 0 {
+                let mut b = Automaton::from_bytes(&a.to_bytes()).unwrap();
+                b.check_integrity().unwrap();
+                let more = workload(seed + 100 + i as u64, 200, alphabet);
+                let mut c = a.clone();
+                feed(&mut b, &more);
+                feed(&mut c, &more);
+                assert_eq!(b.to_bytes(), c.to_bytes());
+                for next in 0..alphabet as i32 {
+                    assert_eq!(b.retrieve(next, 12).unwrap(), c.retrieve(next, 12).unwrap());
+                }
+            }
+        }
+        assert!(
+            a.nodes.iter().any(|n| n.alive && n.hashed),
+            "no node was hashed"
+        );
+    }
+}
+
+#[test]
+fn a_node_moves_its_children_to_the_map_and_back() {
+    let mut a = Automaton::new(2, 60, 1).unwrap();
+    let fan_out = |a: &mut Automaton, base: i32| {
+        for x in 1..=12 {
+            a.extend(&[0, base + x]).unwrap();
+        }
+    };
+    let zero = |a: &Automaton| a.nodes[a.find(&[0]).unwrap() as usize].clone();
+    fan_out(&mut a, 0);
+    assert!(zero(&a).hashed && zero(&a).n_children == 12);
+    a.check_integrity().unwrap();
+    // Other tokens push every child of [0] out (it keeps [x, 0] pointing at it).
+    let mut s = 5;
+    for _ in 0..400 {
+        a.extend(&[100 + (lcg(&mut s) % 20) as i32]).unwrap();
+    }
+    a.extend(&[7, 0]).unwrap();
+    assert!(zero(&a).n_children == 0 && !zero(&a).hashed);
+    a.check_integrity().unwrap();
+    fan_out(&mut a, 50);
+    assert!(zero(&a).hashed);
+    a.check_integrity().unwrap();
+    assert_eq!(a.count(&[0, 55]).unwrap(), 1);
+    let b = Automaton::from_bytes(&a.to_bytes()).unwrap();
+    b.check_integrity().unwrap();
+    assert_eq!(b.to_bytes(), a.to_bytes());
+}

@@ -1,13 +1,19 @@
 //! Conversion of Python token inputs (lists or int32/int64 numpy arrays) and of outputs.
 
 use numpy::{
-    Element, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
+    Element, PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray,
+    PyUntypedArrayMethods,
 };
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyList, PyString, PyTuple};
 
+use std::fmt::Display;
+
 use super::errors::{type_error, value_error};
+
+/// Int32 arrays up to this length are copied rather than borrowed (see [`int_arg`]).
+const COPY_MAX_ELEMENTS: usize = 64;
 
 /// Token ids borrowed from a contiguous int32 array (zero-copy) or converted into a `Vec`.
 pub(crate) enum Tokens<'py> {
@@ -41,16 +47,16 @@ impl Tokens<'_> {
 /// too large for the memory left is an `OutOfMemoryError` (or an `InvalidArgumentError` past
 /// 2**28 elements), never an abort.
 pub(crate) fn converted<T, U: Clone + Default>(
-    arg: &str,
+    arg: &(impl Display + ?Sized),
     len: usize,
     values: impl IntoIterator<Item = T>,
     mut convert: impl FnMut(T) -> PyResult<U>,
 ) -> PyResult<Vec<U>> {
-    let mut out = crate::alloc::filled("ids", &format!("a copy of {arg}"), len, U::default())
+    let mut out = crate::alloc::filled("ids", format_args!("a copy of {arg}"), len, U::default())
         .map_err(|e| match e {
-            crate::error::Error::InvalidArgument { msg, .. } => value_error(arg, msg),
-            other => other.into(),
-        })?;
+        crate::error::Error::InvalidArgument { msg, .. } => value_error(arg, msg),
+        other => other.into(),
+    })?;
     for (slot, value) in out.iter_mut().zip(values) {
         *slot = convert(value)?;
     }
@@ -58,7 +64,7 @@ pub(crate) fn converted<T, U: Clone + Default>(
 }
 
 fn to_i32<T: Copy + std::fmt::Display>(
-    arg: &str,
+    arg: &(impl Display + ?Sized),
     len: usize,
     values: impl IntoIterator<Item = T>,
 ) -> PyResult<Vec<i32>>
@@ -78,7 +84,10 @@ fn dtype_name(a: &Bound<'_, PyUntypedArray>) -> String {
 
 /// A 1-D numpy array of another integer dtype than int32, range-checked element by element
 /// before narrowing (so ``2**32 + 5`` is an error, never 5).
-fn other_integer_array(obj: &Bound<'_, PyAny>, arg: &str) -> Option<PyResult<Vec<i32>>> {
+fn other_integer_array(
+    obj: &Bound<'_, PyAny>,
+    arg: &(impl Display + ?Sized),
+) -> Option<PyResult<Vec<i32>>> {
     macro_rules! try_dtype {
         ($($t:ty),*) => {$(
             if let Ok(a) = obj.extract::<PyReadonlyArray1<'_, $t>>() {
@@ -91,17 +100,32 @@ fn other_integer_array(obj: &Bound<'_, PyAny>, arg: &str) -> Option<PyResult<Vec
 }
 
 /// Extract a 1-D sequence of ints from a list/tuple of ints or an integer numpy array (int32
-/// borrowed without a copy when contiguous; any other integer dtype range-checked). Python bools
-/// are refused inside lists as they are as arrays and scalars: `True` is not the int 1 here.
+/// borrowed without a copy when contiguous and longer than `COPY_MAX_ELEMENTS`; any other
+/// integer dtype range-checked). Python bools are refused inside lists as they are as arrays
+/// and scalars: `True` is not the int 1 here.
 /// Negative values pass: this is the rule for parents, cells, ranks and lengths; token ids go
 /// through [`token_arg`].
-pub(crate) fn int_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tokens<'py>> {
+pub(crate) fn int_arg<'py>(
+    obj: &Bound<'py, PyAny>,
+    arg: &(impl Display + ?Sized),
+) -> PyResult<Tokens<'py>> {
     if let Ok(a) = obj.cast::<PyUntypedArray>() {
         if a.ndim() != 1 {
             return Err(value_error(
                 arg,
                 format!("expected a 1-D array, got shape {:?}", a.shape()),
             ));
+        }
+        if let Ok(a32) = obj.cast::<PyArray1<i32>>() {
+            let len = a32.len();
+            if len <= COPY_MAX_ELEMENTS {
+                // Copied under the GIL, element by element: registering a numpy borrow and
+                // releasing it costs more than copying a few ids (a decode step's extend).
+                return Ok(Tokens::Owned(converted(arg, len, 0..len, |i| {
+                    a32.get_owned(i)
+                        .ok_or_else(|| value_error(arg, format!("index {i} out of bounds")))
+                })?));
+            }
         }
         if let Ok(a32) = obj.extract::<PyReadonlyArray1<'py, i32>>() {
             if a32.as_slice().is_ok() {
@@ -127,11 +151,11 @@ pub(crate) fn int_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Token
             "{arg}: expected a sequence of ints, got a string"
         )));
     }
-    let ty = obj
-        .get_type()
-        .name()
-        .map_or_else(|_| "?".into(), |n| n.to_string());
     let not_a_sequence = || {
+        let ty = obj
+            .get_type()
+            .name()
+            .map_or_else(|_| "?".into(), |n| n.to_string());
         type_error(format!(
             "{arg}: expected a sequence of ints or an integer array, got {ty}"
         ))
@@ -151,7 +175,7 @@ pub(crate) fn int_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Token
 /// fallible allocation (the length is the caller's).
 fn elements<'py>(
     items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
-    arg: &str,
+    arg: &(impl Display + ?Sized),
 ) -> PyResult<Vec<i32>> {
     let len = items.len();
     converted(arg, len, items.enumerate(), |(i, item)| {
@@ -167,7 +191,10 @@ fn elements<'py>(
 /// id argument of the bindings; each consumer checks its own upper bound, e.g. a vocabulary).
 /// `DraftPool` takes [`int_arg`]'s and leaves the whole range `0..vocab_size` to its core, whose
 /// messages name the request an id belongs to.
-pub(crate) fn token_arg<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Tokens<'py>> {
+pub(crate) fn token_arg<'py>(
+    obj: &Bound<'py, PyAny>,
+    arg: &(impl Display + ?Sized),
+) -> PyResult<Tokens<'py>> {
     let tokens = int_arg(obj, arg)?;
     if let Some(i) = tokens.as_slice().iter().position(|&t| t < 0) {
         return Err(value_error(

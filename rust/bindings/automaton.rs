@@ -156,7 +156,11 @@ impl PyAutomaton {
         let t = token_arg(&tokens, "tokens")?;
         let slice = t.as_slice();
         if slice.len() < DETACH_MIN_TOKENS {
-            return Ok(self.inner.write().extend(slice)?);
+            // Without waiting for the lock while holding the GIL: a busy automaton (another
+            // thread's long extend or build) is waited for with the GIL released.
+            if let Some(mut a) = self.inner.try_write() {
+                return Ok(a.extend(slice)?);
+            }
         }
         Ok(py.detach(|| self.inner.write().extend(slice))?)
     }

@@ -12,17 +12,35 @@ use super::signature::{Given, Signature, or_default};
 use super::tree::PyDraftTree;
 use crate::automaton::Automaton;
 use crate::draft::{DraftOptions, build_draft_tree_shared as build};
+use crate::logits_table::LogitsTable;
+
+/// Trees up to this many nodes (draft chain included) are built without releasing the GIL when
+/// their locks are free: a release and re-acquisition costs about as much as a few nodes.
+const DETACH_MIN_NODES: usize = 192;
+
+/// The request's automaton, written, and the shared one, read.
+type Locks<'a> = (
+    RwLockWriteGuard<'a, Automaton>,
+    Option<RwLockReadGuard<'a, Automaton>>,
+);
+
+/// [`lock_pair`] without waiting: `None` if a lock is held elsewhere. Never blocks, so the
+/// order does not matter.
+fn try_lock_pair<'a>(
+    automaton: &'a PyAutomaton,
+    shared: Option<&'a PyAutomaton>,
+) -> Option<Locks<'a>> {
+    let a = automaton.inner.try_write()?;
+    match shared {
+        None => Some((a, None)),
+        Some(s) => Some((a, Some(s.inner.try_read()?))),
+    }
+}
 
 /// The request's automaton (written) and the shared one (read), locked in address order: every
 /// caller takes two automaton locks in the same global order, so two builds that use the same
 /// pair in opposite roles cannot deadlock.
-fn lock_pair<'a>(
-    automaton: &'a PyAutomaton,
-    shared: Option<&'a PyAutomaton>,
-) -> (
-    RwLockWriteGuard<'a, Automaton>,
-    Option<RwLockReadGuard<'a, Automaton>>,
-) {
+fn lock_pair<'a>(automaton: &'a PyAutomaton, shared: Option<&'a PyAutomaton>) -> Locks<'a> {
     match shared {
         None => (automaton.inner.write(), None),
         Some(s) if std::ptr::from_ref(s) < std::ptr::from_ref(automaton) => {
@@ -114,25 +132,34 @@ pub(crate) fn build_draft_tree(
     let calibration = calibration
         .map(|c| prob_vector(c, "calibration"))
         .transpose()?;
-    let tree = py.detach(|| {
-        let (tree, recency) = {
-            let (mut a, s) = lock_pair(automaton, shared);
-            build(
-                &mut a,
-                s.as_deref(),
-                &table.inner.read(),
-                next_token,
-                chain,
-                &options,
-                calibration.as_deref(),
-            )?
-        };
+    let run = |(mut a, s): Locks<'_>, t: RwLockReadGuard<'_, LogitsTable>| {
+        let (tree, recency) = build(
+            &mut a,
+            s.as_deref(),
+            &t,
+            next_token,
+            chain,
+            &options,
+            calibration.as_deref(),
+        )?;
+        drop((a, s, t));
         // The shared automaton's read lock is gone; its recency update takes the write lock
         // alone (holding no other lock), skipping nodes a writer evicted in between.
         if let Some(s) = shared.filter(|_| !recency.is_empty()) {
             s.inner.write().touch(&recency);
         }
         Ok::<_, crate::Error>(tree)
+    };
+    // A small tree without a shared automaton (whose recency update could wait for its lock)
+    // is built at once if its locks are free; anything else releases the GIL.
+    if options.capacity + chain.len() < DETACH_MIN_NODES && shared.is_none() {
+        if let (Some(locks), Some(t)) = (try_lock_pair(automaton, None), table.inner.try_read()) {
+            return Ok(run(locks, t)?.into());
+        }
+    }
+    let tree = py.detach(|| {
+        let locks = lock_pair(automaton, shared);
+        run(locks, table.inner.read())
     })?;
     Ok(tree.into())
 }

@@ -116,7 +116,7 @@ pub(crate) fn invalid_argument(msg: String) -> PyErr {
 }
 
 /// `InvalidArgumentError` (a `ValueError`) whose message starts with the argument's name.
-pub(crate) fn value_error(arg: &str, msg: impl std::fmt::Display) -> PyErr {
+pub(crate) fn value_error(arg: impl std::fmt::Display, msg: impl std::fmt::Display) -> PyErr {
     invalid_argument(format!("{arg}: {msg}"))
 }
 

@@ -14,8 +14,16 @@ use super::errors::{type_error, value_error};
 use super::logits_table::exempt;
 use super::signature::{Given, Signature, no_arguments, unless_none};
 use super::tree::PyDraftTree;
-use crate::pool::{BatchDraft, DraftPool, PoolOptions, RequestId, split_ragged};
+use crate::pool::{
+    BatchDraft, DraftPool, PROPOSE_REQUEST_UNITS, PoolOptions, RequestId, split_ragged,
+};
 use crate::tree::MAX_TREE_NODES;
+
+/// Batches of fewer committed tokens are indexed without releasing the GIL.
+const DETACH_MIN_TOKENS: usize = 64;
+/// Batches of less drafting work (`PROPOSE_REQUEST_UNITS + capacity` per request, about 30 ns
+/// a unit) are drafted without releasing the GIL: up to a few small trees.
+const DETACH_MIN_UNITS: usize = 256;
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
@@ -25,7 +33,7 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 
 /// A request id: a Python int (or numpy integer) within int64, or a str. `bool` is refused
 /// (``True == 1`` would make two spellings of one key).
-fn request_id(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<RequestId> {
+fn request_id(obj: &Bound<'_, PyAny>, arg: impl std::fmt::Display) -> PyResult<RequestId> {
     if obj.is_instance_of::<PyBool>() {
         return Err(type_error(format!(
             "{arg}: a request id must be an int or a str, got bool"
@@ -35,12 +43,12 @@ fn request_id(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<RequestId> {
         return s
             .to_str()
             .map(|s| RequestId::Str(s.to_owned()))
-            .map_err(|_| value_error(arg, "the str id is not valid Unicode (a lone surrogate)"));
+            .map_err(|_| value_error(&arg, "the str id is not valid Unicode (a lone surrogate)"));
     }
     match obj.extract::<i64>() {
         Ok(v) => Ok(RequestId::Int(v)),
         Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Err(value_error(
-            arg,
+            &arg,
             format!("int id {obj} does not fit in int64"),
         )),
         Err(_) => Err(type_error(format!(
@@ -71,8 +79,17 @@ fn items<'py>(obj: &Bound<'py, PyAny>, arg: &str, what: &str) -> PyResult<Vec<Bo
     let iter = obj
         .try_iter()
         .map_err(|_| type_error(format!("{arg}: expected {what}, got {}", type_name(obj))))?;
-    // The caller's sequence sizes this buffer: it grows by fallible reservations.
+    // The caller's sequence sizes this buffer: it grows by fallible reservations (a list or a
+    // tuple says its length up front).
     let mut out: Vec<Bound<'py, PyAny>> = Vec::new();
+    let known = obj
+        .cast::<PyList>()
+        .map(|l| l.len())
+        .or_else(|_| obj.cast::<PyTuple>().map(|t| t.len()));
+    if let Ok(len) = known {
+        out.try_reserve_exact(len)
+            .map_err(|_| out_of_memory(arg, len))?;
+    }
     for item in iter {
         if out.len() == out.capacity() {
             out.try_reserve(out.len().max(16))
@@ -95,15 +112,32 @@ fn request_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RequestId>> {
     let items = items(obj, "ids", "a sequence of request ids (ints or strs)")?;
     let mut ids = crate::alloc::filled("ids", "the request ids", items.len(), RequestId::Int(0))?;
     for (i, (slot, item)) in ids.iter_mut().zip(&items).enumerate() {
-        *slot = request_id(item, &format!("ids[{i}]"))?;
+        // The argument's name is only spelled out for an error.
+        *slot = request_id(item, format_args!("ids[{i}]"))?;
     }
     Ok(ids)
 }
 
 /// `ids[i]` spelled for messages: `ids[3] ('req-7')`, or `ids[3]` past the end.
 fn element(arg: &str, i: usize, ids: &[RequestId]) -> String {
-    ids.get(i)
-        .map_or_else(|| format!("{arg}[{i}]"), |id| format!("{arg}[{i}] ({id})"))
+    ElementName { arg, i, ids }.to_string()
+}
+
+/// [`element`] spelled out only when displayed (in an error), not for every item of a batch.
+struct ElementName<'a> {
+    arg: &'a str,
+    i: usize,
+    ids: &'a [RequestId],
+}
+
+impl std::fmt::Display for ElementName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self { arg, i, ids } = self;
+        match ids.get(*i) {
+            Some(id) => write!(f, "{arg}[{i}] ({id})"),
+            None => write!(f, "{arg}[{i}]"),
+        }
+    }
 }
 
 fn capacity_value(v: &Int, arg: impl FnOnce() -> String) -> PyResult<usize> {
@@ -423,13 +457,24 @@ impl PyDraftPool {
             "one token array per id (or a flat array with lengths=)",
         )?;
         let parts: Vec<Tokens<'_>> = crate::alloc::try_collect(
-            items
-                .iter()
-                .enumerate()
-                .map(|(i, t)| int_arg(t, &element("tokens", i, &ids))),
+            items.iter().enumerate().map(|(i, t)| {
+                let ids = &ids[..];
+                int_arg(
+                    t,
+                    &ElementName {
+                        arg: "tokens",
+                        i,
+                        ids,
+                    },
+                )
+            }),
             "the token arrays",
         )?;
         let slices = crate::alloc::collect(parts.iter().map(Tokens::as_slice), "the token arrays")?;
+        // A few tokens are indexed at once: releasing the GIL would cost about as much.
+        if slices.iter().map(|t| t.len()).sum::<usize>() < DETACH_MIN_TOKENS {
+            return Ok(self.inner.extend(&ids, &slices)?);
+        }
         Ok(py.detach(|| self.inner.extend(&ids, &slices))?)
     }
 
@@ -511,6 +556,17 @@ impl PyDraftPool {
             .map(|c| prob_vector(c, "calibration"))
             .transpose()?;
         let last = last.as_slice();
+        // A batch of a few small trees is drafted at once: releasing the GIL would cost about
+        // as much as a tree.
+        let work = caps.iter().fold(0usize, |w, &c| {
+            w.saturating_add(PROPOSE_REQUEST_UNITS.saturating_add(c))
+        });
+        if work < DETACH_MIN_UNITS {
+            let batch = self
+                .inner
+                .propose(&ids, last, &caps, calibration.as_deref())?;
+            return Ok(PyBatchDraft { inner: batch });
+        }
         let batch = py.detach(|| {
             self.inner
                 .propose(&ids, last, &caps, calibration.as_deref())
