@@ -255,8 +255,10 @@ def third_token_pvalue(drafter) -> tuple[float, int]:
     counts = np.zeros(SMALL_VOCAB, dtype=np.int64)
     accepted = 0
     for seed in range(runs):
+        # A fixed capacity: at "auto" whether a chain is verified at all follows the machine's
+        # measured cost curve, and a lossy drafter whose chains are never verified passes.
         result = racer_rs.generate(
-            target, prompt, max_new_tokens=4, temperature=temperature, seed=seed, drafter=drafter
+            target, prompt, max_new_tokens=4, temperature=temperature, seed=seed, drafter=drafter, capacity=4
         )
         counts[result.tokens[2]] += 1
         accepted += result.steps < 4
@@ -280,7 +282,8 @@ def test_sampling_with_a_reduced_vocabulary_keeps_the_target_distribution(method
 def test_forgetting_the_reduced_support_fails_the_same_sampling_test() -> None:
     target = small_target()
     drafter = ForgetsTheReducedSupport(target, draft_model=self_draft(target, 1, vocab=SMALL_KEPT), canvas=3)
-    pvalue, _ = third_token_pvalue(drafter)
+    pvalue, accepted = third_token_pvalue(drafter)
+    assert accepted > 200  # its chains were verified: the test sees the lossy acceptance
     assert pvalue < 1e-3
 
 
