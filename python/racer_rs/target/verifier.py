@@ -225,8 +225,8 @@ class TreeVerifier:
             # second forward for the last token alone costs a decode step's weight reads.
             kept = torch.from_numpy(positions).to(self.device)
             logits = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=kept).logits[0]
-            for start in range(0, logits.shape[0] - 1, chunk):
-                rows.append(topk_with_probs(logits[start : min(start + chunk, logits.shape[0] - 1)], topk, temperature))
+            # The logits exist whole already: one top-k call (it blocks its normaliser itself).
+            rows.append(topk_with_probs(logits[:-1], topk, temperature))
             last = logits[-1]
         elif topk > 0 and ids.shape[1] > 1:
             # The LM head is a monotone map away from the logits for every supported family
