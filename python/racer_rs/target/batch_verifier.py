@@ -41,29 +41,70 @@ from racer_rs.target.verifier import GrowableLayer, PrefillOutput, TreeVerifier,
 
 
 class BatchLayer(GrowableLayer):
-    """A :class:`GrowableLayer` whose batch rows can be replaced or dropped."""
+    """A :class:`GrowableLayer` whose batch rows can be added or dropped.
+
+    Its buffers hold spare rows as well as spare columns (both grown geometrically), and
+    ``keys``/``values`` are views of the live rows' committed columns: a request joining the
+    batch writes its own row, a finished one leaves by moving the rows after it, and neither
+    copies the whole cache (at 16 rows that copy cost tens of milliseconds per admission).
+    """
+
+    rows = 0
 
     def adopt(self, keys: torch.Tensor, values: torch.Tensor, rows: int) -> None:
-        """Start from an empty batch of ``rows`` rows shaped like ``keys``/``values`` ``[1, H, L, D]``
-        (the rows are added by :meth:`append_rows`)."""
+        """Start from an empty batch shaped like ``keys``/``values`` ``[1, H, L, D]`` with room
+        for ``rows`` rows (the rows are added by :meth:`append_rows`)."""
         self.lazy_initialization(keys, values)
         self._key_buffer = keys.new_zeros((rows, keys.shape[1], 0, keys.shape[3]))
         self._value_buffer = values.new_zeros((rows, values.shape[1], 0, values.shape[3]))
+        self.rows = 0
+        self._view(0)
+
+    def _view(self, columns: int) -> None:
+        self.keys = self._key_buffer[: self.rows, :, :columns]
+        self.values = self._value_buffer[: self.rows, :, :columns]
+
+    def get_seq_length(self) -> int:
+        return 0 if self.keys is None else int(self.keys.shape[-2])
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the live rows' new columns and return all their cached keys and values."""
+        start = self.get_seq_length()
+        end = start + key_states.shape[-2]
+        if end > self._key_buffer.shape[-2]:
+            self._key_buffer = self._grown(self._key_buffer, start, end)
+            self._value_buffer = self._grown(self._value_buffer, start, end)
+        self._key_buffer[: self.rows, :, start:end] = key_states
+        self._value_buffer[: self.rows, :, start:end] = value_states
+        self._view(end)
+        assert self.keys is not None and self.values is not None
+        return self.keys, self.values
+
+    @staticmethod
+    def _grown(buffer: torch.Tensor, used: int, needed: int) -> torch.Tensor:
+        # Zeros, not garbage: a spare row's columns become a new row's holes.
+        grown = buffer.new_zeros((*buffer.shape[:-2], max(2 * needed, 256), buffer.shape[-1]))
+        grown[..., :used, :] = buffer[..., :used, :]
+        return grown
 
     def reserve(self, columns: int) -> None:
         """Make room for ``columns`` columns (zeros where nothing was written)."""
         used = self.get_seq_length()
         if columns > self._key_buffer.shape[-2]:
-            self._key_buffer = self._zero_grown(self._key_buffer, used, columns)
-            self._value_buffer = self._zero_grown(self._value_buffer, used, columns)
-        self.keys = self._key_buffer[..., : max(used, columns), :]
-        self.values = self._value_buffer[..., : max(used, columns), :]
+            self._key_buffer = self._grown(self._key_buffer, used, columns)
+            self._value_buffer = self._grown(self._value_buffer, used, columns)
+        self._view(max(used, columns))
 
-    @staticmethod
-    def _zero_grown(buffer: torch.Tensor, used: int, needed: int) -> torch.Tensor:
-        grown = buffer.new_zeros((*buffer.shape[:-2], max(2 * needed, 256), buffer.shape[-1]))
-        grown[..., :used, :] = buffer[..., :used, :]
-        return grown
+    def _reserve_rows(self, rows: int) -> None:
+        if rows > self._key_buffer.shape[0]:
+            spare = max(2 * rows, 4)
+            for name in ("_key_buffer", "_value_buffer"):
+                buffer = getattr(self, name)
+                grown = buffer.new_zeros((spare, *buffer.shape[1:]))
+                grown[: self.rows] = buffer[: self.rows]
+                setattr(self, name, grown)
 
     def append_rows(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
         """Add one row per ``[1, H, L, D]`` cache after the existing rows (between forwards: the
@@ -71,26 +112,36 @@ class BatchLayer(GrowableLayer):
         used = self.get_seq_length()
         width = max(used, *(k.shape[-2] for k in keys))
         self.reserve(width)
-        columns = self._key_buffer.shape[-2]
-        new_keys = self._key_buffer.new_zeros((len(keys), self._key_buffer.shape[1], columns, self._key_buffer.shape[3]))
-        new_values = self._value_buffer.new_zeros(
-            (len(values), self._value_buffer.shape[1], columns, self._value_buffer.shape[3])
-        )
-        for row, (k, v) in enumerate(zip(keys, values, strict=True)):
-            new_keys[row, :, : k.shape[-2]] = k[0]
-            new_values[row, :, : v.shape[-2]] = v[0]
-        self._key_buffer = torch.cat([self._key_buffer, new_keys])
-        self._value_buffer = torch.cat([self._value_buffer, new_values])
-        self.keys = self._key_buffer[..., :width, :]
-        self.values = self._value_buffer[..., :width, :]
+        first = self.rows
+        self._reserve_rows(first + len(keys))
+        self.rows = first + len(keys)
+        for row, (k, v) in enumerate(zip(keys, values, strict=True), start=first):
+            length = k.shape[-2]
+            self._key_buffer[row, :, :length] = k[0]
+            self._value_buffer[row, :, :length] = v[0]
+            # A reused row's columns past the prompt hold an earlier request's keys: holes
+            # must be finite (they are masked), and zeros are.
+            self._key_buffer[row, :, length:width] = 0
+            self._value_buffer[row, :, length:width] = 0
+        self._view(width)
 
+    @torch.inference_mode()
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep the batch rows ``index`` (in that order)."""
         end = self.get_seq_length()
-        self._key_buffer = self._key_buffer.index_select(0, index)
-        self._value_buffer = self._value_buffer.index_select(0, index)
-        self.keys = self._key_buffer[..., :end, :]
-        self.values = self._value_buffer[..., :end, :]
+        keep = index.tolist()
+        if keep == sorted(set(keep)) and len(keep) <= self.rows:
+            # Dropping rows: the kept ones move down in place, from the first that moves.
+            moved = next((i for i, row in enumerate(keep) if row != i), len(keep))
+            if moved < len(keep):
+                source = index[moved:]
+                self._key_buffer[moved : len(keep), :, :end] = self._key_buffer[source, :, :end]
+                self._value_buffer[moved : len(keep), :, :end] = self._value_buffer[source, :, :end]
+        else:  # repeated or reordered rows: a new buffer
+            self._key_buffer = self._key_buffer.index_select(0, index)
+            self._value_buffer = self._value_buffer.index_select(0, index)
+        self.rows = len(keep)
+        self._view(end)
 
 
 class BatchVerifier:
