@@ -31,7 +31,7 @@ from racer_rs.autosize.batch_sizer import BatchCosts, best_batch_size, bucket_si
 from racer_rs.autosize.cost_model import CostModel, MachineLoad, synthetic_tree  # noqa: E402
 from racer_rs.autosize.sizer import Ranking, best_prefix_size  # noqa: E402
 from racer_rs.drafters.base import Proposal  # noqa: E402
-from racer_rs.engine import generation  # noqa: E402
+from racer_rs.engine import decode_engine, generation  # noqa: E402
 from racer_rs.engine.capacity import AutoCapacity  # noqa: E402
 from racer_rs.engine.decode_engine import DecodeEngine, DecodeState, Verification, Verified  # noqa: E402
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError  # noqa: E402
@@ -42,6 +42,14 @@ from tests.helpers import FAMILIES, REPEATING_PROMPT, plain_greedy, plain_sampli
 from tests.stats import chi_square_pvalue  # noqa: E402
 
 pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(autouse=True)
+def same_drafts_as_generate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows compared with their own ``generate`` draft from the same state: the optional prompt
+    top-k (left out above one row, see ``test_prompt_topk.py``) is computed in batches too."""
+    monkeypatch.setattr(decode_engine, "PROMPT_TOPK_MAX_ROWS", 1 << 30)
+
 
 BATCH_METHODS = ["ar", "pld", "token_recycling", "racer", "racer_scored", "racer_retrieval", "racer_logits"]
 #: Ragged prompts: a repeating one (drafts get accepted), a short and a long random one.

@@ -151,12 +151,16 @@ class Drafter(ABC):
         needs_logits: if true, ``StepOutcome.node_logits`` carries the tree's target logits.
         needs_topk_probs: if true, the top-k ids come with their probabilities
             (``RequestStart.prompt_topk_probs``, ``StepOutcome.topk_probs``).
+        prompt_topk_optional: if true, the prompt's top-k rows only seed what the tree nodes'
+            rows fill anyway (a copy-logit table), so the engine may leave them out
+            (``RequestStart.prompt_topk`` is then ``None``) where they do not pay.
     """
 
     name: str = "drafter"
     needs_topk: int = 0
     needs_logits: bool = False
     needs_topk_probs: bool = False
+    prompt_topk_optional: bool = False
 
     def begin(self, request: RequestStart) -> None:  # noqa: B027 - optional hook
         """Start a new request."""

@@ -205,6 +205,8 @@ class RacerDrafter(Drafter):
         self.min_score = options.min_score
         # Stored probabilities are the copy-logit nodes' estimates in a scored build.
         self.needs_topk_probs = tree != "halving" and use_logits
+        # The prompt's rows only seed the copy-logit table, which every step writes anyway.
+        self.prompt_topk_optional = True
         self.automaton = Automaton(ngram=options.ngram, max_nodes=options.max_nodes, min_depth=options.min_depth)
         self.table: LogitsTable | None = None
         self.name = name

@@ -41,14 +41,16 @@ class Drafting(ABC):
 
     Attributes:
         name: the method's name.
-        needs_topk, needs_topk_probs, needs_logits: what the drafter needs of the target (as
-            :class:`racer_rs.drafters.base.Drafter`'s attributes of the same names).
+        needs_topk, needs_topk_probs, needs_logits, prompt_topk_optional: what the drafter
+            needs of the target (as :class:`racer_rs.drafters.base.Drafter`'s attributes of the
+            same names).
     """
 
     name: str
     needs_topk: int = 0
     needs_topk_probs: bool = False
     needs_logits: bool = False
+    prompt_topk_optional: bool = False
 
     @abstractmethod
     def begin(self, row: int, request: RequestStart) -> None:
@@ -106,6 +108,7 @@ class PoolDrafting(Drafting):
         self.use_logits = drafter.use_logits
         self.needs_topk = drafter.needs_topk
         self.needs_topk_probs = drafter.needs_topk_probs
+        self.prompt_topk_optional = drafter.prompt_topk_optional
         self.pool = DraftPool(
             vocab,
             ngram=options.ngram,
@@ -187,6 +190,7 @@ class RowDrafting(Drafting):
         self.needs_topk = first.needs_topk
         self.needs_topk_probs = first.needs_topk_probs
         self.needs_logits = first.needs_logits
+        self.prompt_topk_optional = first.prompt_topk_optional
         self._takes_calibration = "edge_calibration" in inspect.signature(first.propose).parameters
         self.idle: list[Drafter] = [first]  # built, not serving a row
         self.drafters: dict[int, Drafter] = {}
