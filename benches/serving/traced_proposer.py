@@ -62,3 +62,9 @@ class TracedProposer(RacerProposer):
         self._trace.flush()
         self._previous_start, self._previous_drafts = start, sum(len(d) for d in out)
         return out
+
+
+class UnsharedProposer(RacerProposer):
+    """RacerProposer without the automaton shared across requests (each request's own tree)."""
+
+    shared_nodes = 0
