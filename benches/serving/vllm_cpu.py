@@ -310,6 +310,8 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}", flush=True)
     print("prompts per level:", {c: len(p) for c, p in levels.items()}, flush=True)
     raw: dict[str, dict[str, Any]] = {}
+    # A SIGTERM (e.g. from `timeout`) unwinds through `finally`, so no server outlives the run.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     for method in methods:
         server = Server(args, method, out / f"server_{method}.log")
         try:
