@@ -69,7 +69,14 @@ class Server:
 
     def __init__(self, args: argparse.Namespace, method: str, log: Path) -> None:
         spec: dict[str, Any] | None = None
-        if method == "racer":
+        variant = args.variants.get(method)
+        racer_options: dict[str, Any] = {"log_every": 20}
+        extra_env: dict[str, str] = {}
+        if variant is not None:  # a RacerProposer variant: its class, options and environment
+            spec = {"method": "custom_class", "model": variant.get("class", PROPOSER), "num_speculative_tokens": args.k}
+            racer_options |= variant.get("options", {})
+            extra_env = {key: str(value) for key, value in variant.get("env", {}).items()}
+        elif method == "racer":
             spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": args.k}
         elif method in ("ngram", "suffix"):
             spec = {"method": method, "num_speculative_tokens": args.k}
@@ -83,7 +90,8 @@ class Server:
         ]  # fmt: skip
         if spec is not None:
             cmd += ["--speculative-config", json.dumps(spec)]
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", RACER_RS_OPTIONS=json.dumps({"log_every": 20}))
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", RACER_RS_OPTIONS=json.dumps(racer_options), **extra_env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DATA.parent), env.get("PYTHONPATH")]))
         self.log = log
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
@@ -178,36 +186,64 @@ def bootstrap(values: np.ndarray, stat: Any = np.mean, rounds: int = 2000) -> tu
     return float(stat(values)), float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))
 
 
-def summarize(level: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any]:
-    reqs = level["requests"]
+def summarize(levels: list[dict[str, Any]], references: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """One method at one concurrency over one or more runs (``levels``, each paired with the same
+    run's no-speculation level in ``references``)."""
+    reqs = [r for level in levels for r in level["requests"]]
     tokens = np.array([r["tokens"] for r in reqs], dtype=np.float64)
     seconds = np.array([r["seconds"] for r in reqs], dtype=np.float64)
     tpot = seconds / np.maximum(tokens, 1)
+    rates = [sum(r["tokens"] for r in level["requests"]) / level["wall"] for level in levels]
     out = {
-        "tokens_per_s": float(tokens.sum() / level["wall"]),
+        "tokens_per_s": [float(np.mean(rates)), float(min(rates)), float(max(rates))],
         "tpot_ms": [1e3 * x for x in bootstrap(tpot)],
         "acceptance_length": None,
         "tokens_per_step": 1.0,
+        "runs": len(levels),
+        "prompts": len(reqs),
     }
-    accepted, drafts = level["spec"]["num_accepted_tokens"], level["spec"]["num_drafts"]
+    accepted = sum(level["spec"]["num_accepted_tokens"] for level in levels)
+    drafts = sum(level["spec"]["num_drafts"] for level in levels)
     if drafts > 0:
         out["acceptance_length"] = 1.0 + accepted / drafts
         out["tokens_per_step"] = float(tokens.sum() / max(tokens.sum() - accepted, 1.0))
-    if reference is not None:
-        ref = reference["requests"]
+    if references is not None:
+        ref = [r for level in references for r in level["requests"]]
         ref_tpot = np.array([r["seconds"] / max(r["tokens"], 1) for r in ref])
         geo = lambda x: float(np.exp(np.mean(np.log(x))))  # noqa: E731
         out["speed_vs_none"] = bootstrap(ref_tpot / tpot, geo)
+        ratios = [
+            rate / (sum(r["tokens"] for r in level["requests"]) / level["wall"])
+            for rate, level in zip(rates, references, strict=True)
+        ]
+        out["throughput_vs_none"] = [float(np.mean(ratios)), float(min(ratios)), float(max(ratios))]
         out["same_output"] = sum(a["text"] == b["text"] for a, b in zip(reqs, ref, strict=True))
-    proposer = level.get("proposer")
-    if proposer and proposer.get("calls"):
-        calls, steps = proposer["calls"], max(proposer.get("timed_steps", 0.0), 1.0)
+    logs = [level["proposer"] for level in levels if level.get("proposer", {}).get("calls")]
+    if logs:
+        calls = sum(log["calls"] for log in logs)
+        steps = max(sum(log.get("timed_steps", 0.0) for log in logs), 1.0)
         out["racer_ms"] = {
-            "propose_per_call": 1e3 * proposer["propose"] / calls,
-            "logits_per_call": 1e3 * proposer["logits"] / calls,
-            "step": 1e3 * proposer["steps"] / steps,
+            "propose_per_call": 1e3 * sum(log["propose"] for log in logs) / calls,
+            "logits_per_call": 1e3 * sum(log["logits"] for log in logs) / calls,
+            "step": 1e3 * sum(log["steps"] for log in logs) / steps,
         }
     return out
+
+
+def tabulate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The table rows of one or more runs' ``raw`` results (methods in the first run's order)."""
+    table = []
+    names = [name for run in runs for name in run]
+    for name in dict.fromkeys(names):
+        concurrencies = dict.fromkeys(c for run in runs for c in run.get(name, {}))
+        for c in concurrencies:
+            with_level = [run for run in runs if c in run.get(name, {})]
+            levels = [run[name][c] for run in with_level]
+            references = None
+            if name != "none" and all(c in run.get("none", {}) for run in with_level):
+                references = [run["none"][c] for run in with_level]
+            table.append({"method": name, "concurrency": int(c), **summarize(levels, references)})
+    return table
 
 
 def main() -> int:
@@ -216,6 +252,13 @@ def main() -> int:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--prompts", type=int, default=4, help="measured prompts per set and level (x2 sets)")
+    parser.add_argument(
+        "--waves",
+        type=int,
+        default=3,
+        help="a level at concurrency c measures at least waves * c prompts (so that the batch stays full "
+        "for most of it: with one wave, tokens/s is the slowest request's)",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="warm-up prompts per set (other prompts)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
@@ -224,10 +267,30 @@ def main() -> int:
     parser.add_argument("--start-timeout", type=float, default=600)
     parser.add_argument("--suffix-warm", action="store_true", help="suffix: repeat level 1's prompts (labelled)")
     parser.add_argument("--out", default="benches/out/vllm_cpu", help="folder for server logs and results.json")
+    parser.add_argument(
+        "--combine", nargs="+", metavar="RESULTS", help="print the table of earlier runs' results.json together"
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help='a RacerProposer variant usable in --methods: {"class": ..., "options": {...}, "env": {...}}',
+    )
     args = parser.parse_args()
+    args.variants = {}
+    for item in args.variant:
+        name, _, value = item.partition("=")
+        args.variants[name] = json.loads(value)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     methods = args.methods.split(",")
     print("command:", shlex.join([Path(sys.executable).name, *sys.argv]), flush=True)
+    if args.combine:
+        runs = [json.loads(Path(path).read_text()) for path in args.combine]
+        for path, run in zip(args.combine, runs, strict=True):
+            print(f"{path}: load average {run.get('load', '?')}, methods {list(run['raw'])}")
+        print_table(tabulate([run["raw"] for run in runs]))
+        return 0
     if args.model is None:
         from racer_rs.loading.models import checkpoint_folder, resolve_model
 
@@ -236,14 +299,19 @@ def main() -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     warmup = load_prompts(tokenizer, args.warmup, 0)
-    levels = {
-        c: load_prompts(tokenizer, args.prompts, args.warmup + j * args.prompts) for j, c in enumerate(args.concurrency)
-    }
+    levels, skip = {}, args.warmup
+    for c in args.concurrency:  # each level its own prompts, at least `waves` batches of c
+        per_set = max(args.prompts, -(-args.waves * c // 2))
+        levels[c] = load_prompts(tokenizer, per_set, skip)
+        skip += per_set
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     print(f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}", flush=True)
+    print("prompts per level:", {c: len(p) for c, p in levels.items()}, flush=True)
     raw: dict[str, dict[str, Any]] = {}
+    # A SIGTERM (e.g. from `timeout`) unwinds through `finally`, so no server outlives the run.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     for method in methods:
         server = Server(args, method, out / f"server_{method}.log")
         try:
@@ -255,32 +323,36 @@ def main() -> int:
         finally:
             server.stop()
         # After every method, so that a run cut short keeps what it measured.
-        table = []
-        for name, by_level in raw.items():
-            for c, level in by_level.items():
-                reference = raw.get("none", {}).get(c) if name != "none" else None
-                table.append({"method": name, "concurrency": int(c), **summarize(level, reference)})
-        (out / "results.json").write_text(json.dumps({"args": vars(args), "raw": raw, "table": table}, indent=1))
-        print_table(table, len(levels[args.concurrency[0]]))
+        table = tabulate([raw])
+        now = os.getloadavg()
+        loads = f"{load[0]:.1f} at the start, {now[0]:.1f} after {method}"
+        result = {"args": vars(args), "load": loads, "raw": raw, "table": table}
+        (out / "results.json").write_text(json.dumps(result, indent=1))
+        print_table(table)
+    print(f"load average: {loads}")
     return 0
 
 
-def print_table(table: list[dict[str, Any]], prompts: int) -> None:
-    print(f"\n{prompts} prompts per level; tokens/s over all requests; TPOT and speed with 95% bootstrap intervals")
-    print("| method | conc. | tokens/s | TPOT ms | speed vs none (per request) | accept. length | tokens/step "
-          "| same output | RACER propose ms/step | step ms |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+def print_table(table: list[dict[str, Any]]) -> None:
+    print("\ntokens/s over all requests (mean [min, max] over runs); TPOT and speed with 95% bootstrap intervals")
+    print("| method | conc. | prompts | tokens/s | tokens/s vs none | TPOT ms | speed vs none (per request) "
+          "| accept. length | tokens/step | same output | RACER propose ms/step | step ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in table:
-        t = row["tpot_ms"]
-        speed = row.get("speed_vs_none")
+        t, rate = row["tpot_ms"], row["tokens_per_s"]
+        speed, ratio = row.get("speed_vs_none"), row.get("throughput_vs_none")
         acc = row["acceptance_length"]
         racer = row.get("racer_ms")
+        runs = row["runs"]
+        spread = lambda x, runs=runs: f" [{x[1]:.2f}, {x[2]:.2f}]" if runs > 1 else ""  # noqa: E731
         cells = [
-            row["method"], str(row["concurrency"]), f"{row['tokens_per_s']:.1f}",
+            row["method"], str(row["concurrency"]), str(row["prompts"]),
+            f"{rate[0]:.1f}" + (f" [{rate[1]:.1f}, {rate[2]:.1f}]" if row["runs"] > 1 else ""),
+            f"{ratio[0]:.2f}x" + spread(ratio) if ratio else "",
             f"{t[0]:.1f} [{t[1]:.1f}, {t[2]:.1f}]",
             f"{speed[0]:.2f}x [{speed[1]:.2f}, {speed[2]:.2f}]" if speed else "",
             "" if acc is None or math.isnan(acc) else f"{acc:.2f}", f"{row['tokens_per_step']:.2f}",
-            f"{row['same_output']}/{prompts}" if "same_output" in row else "",
+            f"{row['same_output']}/{row['prompts']}" if "same_output" in row else "",
             f"{racer['propose_per_call']:.2f} (+{racer['logits_per_call']:.2f} top-k)" if racer else "",
             f"{racer['step']:.1f}" if racer else "",
         ]  # fmt: skip

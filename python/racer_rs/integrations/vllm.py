@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from racer_rs import optional_deps
-from racer_rs._native import DraftPool
+from racer_rs._native import Automaton, DraftPool
 from racer_rs.autosize.calibration import EdgeCalibration
 from racer_rs.errors import InvalidArgumentError
 from racer_rs.integrations._payoff import StepCost, best_chains, chosen_lengths
@@ -68,6 +68,10 @@ logger = logging.getLogger("vllm.racer_rs")
 FALLBACK_VOCAB = 1 << 18
 #: Logits calls kept between two ``propose`` calls (more than one is already ambiguous).
 _MAX_RECORDS = 4
+#: Retrieval edge cells of a request's own automaton, and how far the shared automaton's same
+#: cells lie after them (``racer_rs.EDGE_CELLS``: 26-65, then 66-105).
+_OWN_RETRIEVAL = range(26, 66)
+_SHARED_OFFSET = 40
 
 
 @dataclass
@@ -78,6 +82,7 @@ class _Request:
     tokens: np.ndarray  # int32 buffer: its context so far is tokens[:length]
     length: int
     drafting: bool  # False: a token outside the vocabulary
+    output: int = 0  # tokens[output:length] are what the engine generated (as far as known)
     root: int = 0
     chain: list[int] = field(default_factory=list)  # drafted at the last call, after root
     # The best chain's tokens and edge cells at the last call (chain is a prefix of it).
@@ -100,6 +105,12 @@ class _Request:
 class RacerProposer:
     """vLLM's ``custom_class`` proposer drafting RACER chains.
 
+    Besides each request's own tree, every request may retrieve from an automaton of the
+    outputs of the requests that finished before it (:attr:`shared`, at most
+    :attr:`shared_nodes` nodes, LRU): a request verifies that chain instead of its own when the
+    calibrated edges expect more accepted tokens from it (its edges have the shared-retrieval
+    cells, so calibration learns how reliable cross-request continuations are).
+
     Args:
         vllm_config: vLLM's config; read: ``speculative_config.num_speculative_tokens`` (k),
             and when present ``model_config.max_model_len`` and ``model_config.get_vocab_size()``.
@@ -110,6 +121,9 @@ class RacerProposer:
         InvalidArgumentError: if ``num_speculative_tokens`` is missing or below 1, or the
             options are invalid.
     """
+
+    #: Node budget of the automaton shared across requests (0: none).
+    shared_nodes: int = 200_000
 
     def __init__(self, vllm_config: Any, *, options: ServingOptions | None = None) -> None:
         optional_deps.require("vllm", "racer_rs.integrations.vllm.RacerProposer")
@@ -131,6 +145,13 @@ class RacerProposer:
         #: Nodes of the tree each chain is taken from.
         self.capacity = self.options.capacity or max(16, 2 * k + 1)
         self._pool: DraftPool | None = None
+        #: Finished requests' outputs, read by every request (the counterpart of suffix
+        #: decoding's global tree and of NGRAM's corpus): ``None`` when ``shared_nodes`` is 0.
+        self.shared: Automaton | None = None
+        if self.shared_nodes:
+            racer = self.options.racer
+            nodes = max(self.shared_nodes, racer.ngram * (racer.ngram + 1) // 2)
+            self.shared = Automaton(racer.ngram, nodes, racer.min_depth)
         self._rows: dict[int, _Request] = {}
         self._next_key = 0
         self._records: list[tuple[Any, Any]] = []
@@ -152,6 +173,7 @@ class RacerProposer:
             "logit_skips": 0,
             "drafted_tokens": 0,
             "accepted_tokens": 0,
+            "shared_chains": 0,
         }
         #: Seconds spent in ``propose``, in the logits wrapper's top-k, and in the timed steps
         #: (intervals between two calls whose requests all continued), with those steps' count.
@@ -247,8 +269,8 @@ class RacerProposer:
             if request.drafting and self._budget(n) > 0:
                 draft_rows.append(i)
         for request in previous.values():
-            if request.key not in claimed and request.key in pool:
-                pool.remove(request.key)
+            if request.key not in claimed:
+                self._finish(pool, request)
         self._rows = rows
         if timed and continued:
             self._time_step(now, logit_rows)
@@ -334,6 +356,8 @@ class RacerProposer:
         valid = nodes >= 0
         tokens = np.where(valid, draft.tokens[nodes], -1)
         cells = np.where(valid, draft.cells[nodes], 0)
+        if self.options.adaptive and self.shared is not None and len(self.shared):
+            self._shared_chains([rows[i] for i in draft_rows], tokens, cells, valid)
         budgets = np.array([self._budget(int(num_tokens_no_spec[i])) for i in draft_rows], dtype=np.int64)
         allowed = valid & (np.arange(self.k) < budgets[:, None])
         if self.options.adaptive:
@@ -351,6 +375,39 @@ class RacerProposer:
             out[i] = drafted
             self.stats["drafted"] += 1
             self.stats["drafted_tokens"] += len(drafted)
+
+    def _shared_chains(
+        self, requests: list[_Request], tokens: np.ndarray, cells: np.ndarray, valid: np.ndarray
+    ) -> None:
+        """Replace, in place, a row's chain by the shared automaton's deepest retrieved chain
+        where the calibrated edges expect more accepted tokens from it."""
+        assert self.shared is not None
+        edges = self.calibration.probabilities()
+        context_tokens = self.options.racer.ngram - 1
+        for j, request in enumerate(requests):
+            context = request.context()
+            tree = self.shared.retrieve(request.root, self.capacity, context[-1 - context_tokens : -1])
+            chain = deepest_path(tree.parents)[: self.k]
+            if len(chain) == 0:
+                continue
+            chain_cells = tree.cells[chain].astype(np.int64)
+            own = (chain_cells >= _OWN_RETRIEVAL.start) & (chain_cells < _OWN_RETRIEVAL.stop)
+            chain_cells = np.where(own, chain_cells + _SHARED_OFFSET, chain_cells)
+            ours = float(np.cumprod(edges[cells[j][valid[j]]]).sum())
+            if float(np.cumprod(edges[chain_cells]).sum()) <= ours:
+                continue
+            n = len(chain)
+            tokens[j], cells[j], valid[j] = -1, 0, False
+            tokens[j, :n], cells[j, :n], valid[j, :n] = tree.tokens[chain], chain_cells, True
+            self.stats["shared_chains"] += 1
+
+    def _finish(self, pool: DraftPool, request: _Request) -> None:
+        """Free a request no row continued; its output joins the shared automaton."""
+        if request.key in pool:
+            pool.remove(request.key)
+        if self.shared is not None and request.drafting and request.length > request.output:
+            self.shared.extend(request.tokens[request.output : request.length])
+            self.shared.new_sequence()
 
     def _budget(self, n: int) -> int:
         if self.max_model_len is None:
@@ -402,7 +459,8 @@ class RacerProposer:
         if drafting:
             pool.add(key, context[:-1])
         self.stats["started"] += 1
-        return _Request(key, np.array(context, dtype=np.int32), len(context), drafting)
+        # Its last token is the first one the engine sampled (after a prefill).
+        return _Request(key, np.array(context, dtype=np.int32), len(context), drafting, output=len(context) - 1)
 
     def _extend(self, pool: DraftPool, request: _Request, context: np.ndarray) -> None:
         new = context[request.length :]
@@ -457,6 +515,21 @@ class RacerProposer:
             if in_vocab(rows, self.vocab_size):
                 pool.update_topk(request.key, nodes[order], rows, None if probs is None else probs[first + order])
         self.stats["logit_steps"] += 1
+
+
+def deepest_path(parents: np.ndarray) -> np.ndarray:
+    """A tree's deepest root-to-leaf path (its first deepest node in BFS order), as node
+    indices after the root (empty for a lone root). ``parents``: BFS order, ``-1`` at the root."""
+    parents = np.asarray(parents, dtype=np.int64)
+    depth = np.zeros(len(parents), dtype=np.int64)
+    for node in range(1, len(parents)):
+        depth[node] = depth[parents[node]] + 1
+    node = int(np.argmax(depth)) if len(parents) else 0
+    path = []
+    while node > 0:
+        path.append(node)
+        node = int(parents[node])
+    return np.array(path[::-1], dtype=np.int64)
 
 
 def _config_vocab(config: Any) -> int | None:

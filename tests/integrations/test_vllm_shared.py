@@ -1,0 +1,91 @@
+"""The vLLM proposer's automaton shared across requests: a finished request's output is drafted
+for a later request that starts repeating it (its own tree has nothing there), nothing is drafted
+from it when it is off (``shared_nodes = 0``), and :func:`deepest_path` is a tree's deepest
+root-to-leaf path."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from racer_rs import optional_deps
+from racer_rs.integrations.options import ServingOptions
+from racer_rs.integrations.vllm import RacerProposer, deepest_path
+
+VOCAB, K, MAX_LEN = 1000, 8, 512
+
+
+@pytest.fixture
+def engine_free(monkeypatch):
+    real = optional_deps.require
+    monkeypatch.setattr(
+        optional_deps, "require", lambda extra, purpose: None if extra == "vllm" else real(extra, purpose)
+    )
+
+
+def test_deepest_path():
+    assert deepest_path(np.array([-1])).tolist() == []
+    assert deepest_path(np.array([-1, 0, 0, 1, 2, 3])).tolist() == [1, 3, 5]
+    assert deepest_path(np.array([-1, 0, 0, 1, 2])).tolist() == [1, 3]  # first deepest in BFS order
+
+
+class Batch:
+    """vLLM's ``input_batch`` arrays for a few rows, and the proposer's calls on them."""
+
+    def __init__(self, proposer: RacerProposer) -> None:
+        self.proposer = proposer
+        self.ids = np.zeros((4, MAX_LEN), dtype=np.int32)
+
+    def step(self, contexts: list[list[int]], sampled: list[list[int]]) -> list[list[int]]:
+        lens = np.zeros(4, dtype=np.int32)
+        for i, context in enumerate(contexts):
+            self.ids[i, : len(context)] = context
+            lens[i] = len(context)
+        return self.proposer.propose([*sampled, *[[] for _ in range(4 - len(sampled))]], lens, self.ids)[
+            : len(contexts)
+        ]
+
+
+def repeat_an_earlier_output(proposer_class: type[RacerProposer]) -> tuple[RacerProposer, list[list[int]], list[int]]:
+    """Request A (prompt, then 40 generated tokens, all distinct) finishes; request B (another
+    prompt) then generates A's output. Returns B's drafts per step and A's output."""
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=K),
+        model_config=SimpleNamespace(max_model_len=MAX_LEN, get_vocab_size=lambda: VOCAB),
+    )
+    proposer = proposer_class(config, options=ServingOptions(use_logits=False))
+    batch = Batch(proposer)
+    tokens = np.random.default_rng(0).permutation(VOCAB)[:200].tolist()
+    prompt_a, output, prompt_b = tokens[:30], tokens[30:70], tokens[70:100]
+    context = prompt_a + output[:1]
+    batch.step([context], [output[:1]])  # A's prefill
+    for token in output[1:]:
+        context = [*context, token]
+        batch.step([context], [[token]])  # A's own tree never matches: all tokens distinct
+    drafts = []
+    context = prompt_b + output[:1]
+    drafts.append(batch.step([context], [output[:1]])[0])  # A gone, B's prefill
+    for token in output[1:12]:  # one token a step (the drafts' acceptance does not matter here)
+        context = [*context, token]
+        drafts.append(batch.step([context], [[token]])[0])
+    return proposer, drafts, output
+
+
+def test_a_finished_requests_output_is_drafted_for_a_later_request(engine_free):
+    proposer, drafts, output = repeat_an_earlier_output(RacerProposer)
+    assert proposer.stats["shared_chains"] > 0
+    # Once B's context ends with two of A's output tokens, B's chain is A's continuation.
+    for step, drafted in enumerate(drafts[2:], start=2):
+        assert len(drafted) > 0, (step, drafts)
+        assert drafted == output[step + 1 : step + 1 + len(drafted)], (step, drafted)
+
+
+def test_nothing_is_drafted_without_the_shared_automaton(engine_free):
+    class Unshared(RacerProposer):
+        shared_nodes = 0
+
+    proposer, drafts, _ = repeat_an_earlier_output(Unshared)
+    assert proposer.shared is None and proposer.stats["shared_chains"] == 0
+    assert all(d == [] for d in drafts), drafts
