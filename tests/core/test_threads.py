@@ -210,4 +210,6 @@ class TornTable:
 
 @pytest.mark.timeout(60)
 def test_a_table_that_tears_rows_fails_the_same_check():
-    assert hammer_table(TornTable(), updates=10) != []
+    # A tear is seen only when a reader runs inside a writer's half-written row: on a loaded
+    # machine one short run can miss every window, so a few runs get their chance.
+    assert any(hammer_table(TornTable(), updates=10) != [] for _ in range(5))
