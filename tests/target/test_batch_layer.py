@@ -54,3 +54,11 @@ def test_repeated_rows_copy_the_prefix() -> None:
     layer.select_rows(torch.tensor([0, 0, 0]))
     assert layer.keys is not None and tuple(layer.keys.shape) == (3, 2, 3, 4)
     assert torch.equal(layer.keys, torch.full((3, 2, 3, 4), 5.0))
+
+
+def test_a_permutation_moves_the_rows_it_names() -> None:
+    layer = layer_with((2, 1.0), (2, 2.0), (2, 3.0), (2, 4.0))
+    layer.select_rows(torch.tensor([0, 3, 2]))  # row 1 finished; the last row takes its place
+    assert layer.keys is not None
+    assert [float(layer.keys[r, 0, 0, 0]) for r in range(3)] == [1.0, 4.0, 3.0]
+    assert [float(layer.values[r, 0, 0, 0]) for r in range(3)] == [1.0, 4.0, 3.0]

@@ -248,6 +248,19 @@ def prompt_topk_rows(drafting: Drafting, max_rows: int) -> int:
     return drafting.needs_topk
 
 
+def fill_holes(finished: Sequence[bool]) -> list[int]:
+    """The rows that stay, in their new order: a finished row's place goes to a live row from the
+    end of the batch, so that only as many cache rows move as rows finished (keeping the order
+    would move every row after the first that finished)."""
+    alive = [row for row, done in enumerate(finished) if not done]
+    order = list(range(len(alive)))
+    holes = [place for place in order if finished[place]]
+    movers = [row for row in alive if row >= len(alive)]
+    for place, row in zip(holes, movers, strict=True):
+        order[place] = row
+    return order
+
+
 class RowFailure(Exception):
     """Raised inside the engine to end one row: ``cause`` is the row's own error."""
 
@@ -622,7 +635,7 @@ class DecodeEngine:
         """Rows that finished between forwards leave the cache."""
         if not any(state.finished for state in self.live):
             return
-        keep = [index for index, state in enumerate(self.live) if not state.finished]
+        keep = fill_holes([state.finished for state in self.live])
         self.verifier.keep_rows(keep)
         self.live = [self.live[index] for index in keep]
 

@@ -127,19 +127,17 @@ class BatchLayer(GrowableLayer):
 
     @torch.inference_mode()
     def select_rows(self, index: torch.Tensor) -> None:
-        """Keep the batch rows ``index`` (in that order)."""
+        """Keep the batch rows ``index`` (in that order): only the rows whose place changes are
+        copied, in place (a repeated row too, the buffer growing for it)."""
         end = self.get_seq_length()
         keep = index.tolist()
-        if keep == sorted(set(keep)) and len(keep) <= self.rows:
-            # Dropping rows: the kept ones move down in place, from the first that moves.
-            moved = next((i for i, row in enumerate(keep) if row != i), len(keep))
-            if moved < len(keep):
-                source = index[moved:]
-                self._key_buffer[moved : len(keep), :, :end] = self._key_buffer[source, :, :end]
-                self._value_buffer[moved : len(keep), :, :end] = self._value_buffer[source, :, :end]
-        else:  # repeated or reordered rows: a new buffer
-            self._key_buffer = self._key_buffer.index_select(0, index)
-            self._value_buffer = self._value_buffer.index_select(0, index)
+        self._reserve_rows(len(keep))
+        moved = [place for place, row in enumerate(keep) if row != place]
+        if moved:
+            target = torch.as_tensor(moved, dtype=torch.long, device=index.device)
+            source = index[target]
+            self._key_buffer[target, :, :end] = self._key_buffer[source, :, :end]
+            self._value_buffer[target, :, :end] = self._value_buffer[source, :, :end]
         self.rows = len(keep)
         self._view(end)
 
