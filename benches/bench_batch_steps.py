@@ -1,0 +1,100 @@
+"""Where a steady-concurrency run's time goes: admissions and steps, and every step by its padded size.
+
+    python benches/bench_batch_steps.py --batch 16 --prompts 96 --max-new-tokens 64 --methods ar,racer,ar,racer
+
+runs ``generate_batch(max_batch_size=B)`` on SmolLM2-135M-Instruct (bfloat16, one thread; Spec-Bench
+first turns with the chat template, repeated to ``--prompts``) once per method label, in the order
+given (repeat labels to alternate them), and prints per run: total tokens/s, the wall time and
+the time inside steps (the rest is admissions: prefills and cache growth), and for the steps with
+all ``B`` rows live, per padded tree size (nodes per row): how many, the median verify-phase and
+step milliseconds, and the tokens every row committed per step. A label is ``method`` or
+``method@capacity`` (``racer@1`` is racer's bookkeeping without drafting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+import racer_rs
+from racer_rs.bench.prompting import encode_conversation
+from racer_rs.bench.prompts import load_benchmark
+from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
+from racer_rs.engine import capacity
+
+#: Every verified step's (rows, padded size, verify seconds, step seconds, tokens committed).
+STEPS: list[tuple[int, int, float, float, int]] = []
+
+
+def record_steps() -> None:
+    """Make both capacity policies log every step they observe into :data:`STEPS`."""
+    for policy in (capacity.FixedCapacity, capacity.AutoCapacity):
+        original = policy.observe
+
+        def observe(self: Any, report: capacity.StepReport, original: Any = original) -> None:
+            STEPS.append((len(report.rows), report.padded, report.forward, report.step, sum(report.committed)))
+            original(self, report)
+
+        policy.observe = observe  # type: ignore[method-assign]
+
+
+def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens: int) -> None:
+    method, _, size = label.partition("@")
+    STEPS.clear()
+    started = time.perf_counter()
+    results = racer_rs.generate_batch(
+        model,
+        prompts,
+        method=method,
+        capacity=int(size) if size.isdigit() else "auto",
+        max_new_tokens=new_tokens,
+        max_batch_size=batch,
+    )
+    wall = time.perf_counter() - started
+    tokens = sum(len(r.tokens) for r in results)
+    in_steps = sum(step[3] for step in STEPS)
+    print(f"{label}: {tokens / wall:.1f} tok/s, wall {wall:.1f} s, in steps {in_steps:.1f} s ({len(STEPS)} steps)")
+    by_size: dict[int, list[tuple[float, float, int]]] = collections.defaultdict(list)
+    for rows, padded, verify, step, committed in STEPS:
+        if rows == batch:
+            by_size[padded].append((verify, step, committed))
+    for padded in sorted(by_size):
+        values = np.asarray(by_size[padded])
+        print(
+            f"   {padded} nodes/row: {len(values)} steps, verify {1e3 * np.median(values[:, 0]):.1f} ms, "
+            f"step {1e3 * np.median(values[:, 1]):.1f} ms, committed/row {values[:, 2].mean() / batch:.2f}"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--prompts", type=int, default=96)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--methods", default="ar,racer,ar,racer")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tokenizer = racer_rs.load_model(args.model, dtype=args.dtype)
+    questions = load_benchmark([resolve_shipped(p, "data") for p in DEFAULT_BENCH_DATA], None)
+    prompts = [encode_conversation(tokenizer, q.turns[:1], []) for q in questions if q.mode != "completion"]
+    prompts = (prompts * (1 + args.prompts // max(1, len(prompts))))[: args.prompts]
+    record_steps()
+    # Warm-up (and capacity="auto"'s cost curves on first use).
+    racer_rs.generate_batch(model, prompts[: args.batch], method="racer", max_new_tokens=8, max_batch_size=args.batch)
+    for label in (m.strip() for m in args.methods.split(",")):
+        run(model, prompts, label, args.batch, args.max_new_tokens)
+    print("reproduce: python " + " ".join([sys.argv[0], *sys.argv[1:]]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
