@@ -23,9 +23,7 @@ import numpy as np
 import torch
 
 import racer_rs
-from racer_rs.bench.prompting import encode_conversation
-from racer_rs.bench.prompts import load_benchmark
-from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
+from bench_engine_overhead import chat_prompts  # benches/ is the script's folder
 from racer_rs.engine import capacity
 
 #: Every verified step's (rows, padded size, verify seconds, step seconds, tokens committed).
@@ -84,9 +82,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = racer_rs.load_model(args.model, dtype=args.dtype)
-    questions = load_benchmark([resolve_shipped(p, "data") for p in DEFAULT_BENCH_DATA], None)
-    prompts = [encode_conversation(tokenizer, q.turns[:1], []) for q in questions if q.mode != "completion"]
-    prompts = (prompts * (1 + args.prompts // max(1, len(prompts))))[: args.prompts]
+    prompts = chat_prompts(tokenizer, args.prompts)
     record_steps()
     # Warm-up (and capacity="auto"'s cost curves on first use).
     racer_rs.generate_batch(model, prompts[: args.batch], method="racer", max_new_tokens=8, max_batch_size=args.batch)

@@ -65,6 +65,13 @@ def measure(model: Any, prompts: list[list[int]], label: str, batch: int, new_to
     }
 
 
+def chat_prompts(tokenizer: Any, count: int) -> list[list[int]]:
+    """``count`` prompts: the shipped Spec-Bench first turns with the chat template, repeated."""
+    questions = load_benchmark([resolve_shipped(p, "data") for p in DEFAULT_BENCH_DATA], None)
+    prompts = [encode_conversation(tokenizer, q.turns[:1], []) for q in questions if q.mode != "completion"]
+    return (prompts * (1 + count // max(1, len(prompts))))[:count]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -78,9 +85,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = racer_rs.load_model(args.model, dtype=args.dtype)
-    questions = load_benchmark([resolve_shipped(p, "data") for p in DEFAULT_BENCH_DATA], None)
-    prompts = [encode_conversation(tokenizer, q.turns[:1], []) for q in questions if q.mode != "completion"]
-    prompts = (prompts * (1 + args.prompts // max(1, len(prompts))))[: args.prompts]
+    prompts = chat_prompts(tokenizer, args.prompts)
     labels = [m.strip() for m in args.methods.split(",")]
     runs: dict[str, list[dict[str, float]]] = {label: [] for label in labels}
     measure(model, prompts[: args.batch], labels[0], args.batch, 8)  # warm-up (and auto's cost curves)
