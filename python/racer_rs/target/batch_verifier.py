@@ -45,8 +45,9 @@ class BatchLayer(GrowableLayer):
 
     Its buffers hold spare rows as well as spare columns (both grown geometrically), and
     ``keys``/``values`` are views of the live rows' committed columns: a request joining the
-    batch writes its own row, a finished one leaves by moving the rows after it, and neither
-    copies the whole cache (at 16 rows that copy cost tens of milliseconds per admission).
+    batch writes its own row, rows leave by moving only the rows whose place changes
+    (:meth:`select_rows`), and neither copies the whole cache (at 16 rows that copy cost tens
+    of milliseconds per admission).
     """
 
     rows = 0
@@ -61,26 +62,9 @@ class BatchLayer(GrowableLayer):
         self._view(0)
 
     def _view(self, columns: int) -> None:
+        """Point ``keys``/``values`` at the live rows' first ``columns`` columns."""
         self.keys = self._key_buffer[: self.rows, :, :columns]
         self.values = self._value_buffer[: self.rows, :, :columns]
-
-    def get_seq_length(self) -> int:
-        return 0 if self.keys is None else int(self.keys.shape[-2])
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append the live rows' new columns and return all their cached keys and values."""
-        start = self.get_seq_length()
-        end = start + key_states.shape[-2]
-        if end > self._key_buffer.shape[-2]:
-            self._key_buffer = self._grown(self._key_buffer, start, end)
-            self._value_buffer = self._grown(self._value_buffer, start, end)
-        self._key_buffer[: self.rows, :, start:end] = key_states
-        self._value_buffer[: self.rows, :, start:end] = value_states
-        self._view(end)
-        assert self.keys is not None and self.values is not None
-        return self.keys, self.values
 
     @staticmethod
     def _grown(buffer: torch.Tensor, used: int, needed: int) -> torch.Tensor:

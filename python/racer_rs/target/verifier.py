@@ -85,11 +85,17 @@ class GrowableLayer(DynamicLayer):
         if end > self._key_buffer.shape[-2]:
             self._key_buffer = self._grown(self._key_buffer, start, end)
             self._value_buffer = self._grown(self._value_buffer, start, end)
-        self._key_buffer[..., start:end, :] = key_states
-        self._value_buffer[..., start:end, :] = value_states
-        self.keys = self._key_buffer[..., :end, :]
-        self.values = self._value_buffer[..., :end, :]
+        rows = key_states.shape[0]  # the buffer may hold spare rows (a batch's)
+        self._key_buffer[:rows, ..., start:end, :] = key_states
+        self._value_buffer[:rows, ..., start:end, :] = value_states
+        self._view(end)
+        assert self.keys is not None and self.values is not None
         return self.keys, self.values
+
+    def _view(self, columns: int) -> None:
+        """Point ``keys``/``values`` at the buffers' first ``columns`` columns."""
+        self.keys = self._key_buffer[..., :columns, :]
+        self.values = self._value_buffer[..., :columns, :]
 
     @staticmethod
     def _grown(buffer: torch.Tensor, used: int, needed: int) -> torch.Tensor:
