@@ -22,7 +22,7 @@ from racer_rs import EDGE_CELLS, DraftTree, edge_cell_priors  # noqa: E402
 from racer_rs._native import edge_cell_groups  # noqa: E402
 from racer_rs.autosize import state as tree_state  # noqa: E402
 from racer_rs.autosize.calibration import PRIOR_WEIGHT, EdgeCalibration, path_probabilities  # noqa: E402
-from racer_rs.autosize.cost_model import CostModel  # noqa: E402
+from racer_rs.autosize.cost_model import CostModel, size_bucket  # noqa: E402
 from racer_rs.autosize.sizer import EXPLORE_AFTER, TreeSizer, best_first_order, best_prefix_size, subtree  # noqa: E402
 from racer_rs.target.sampling import SamplingConfig  # noqa: E402
 from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, tiny_llama, tiny_model  # noqa: E402
@@ -280,7 +280,7 @@ def test_a_load_spike_moves_the_load_and_passes_leaving_the_shapes_alone():
     for _ in range(5):  # a burst of contention: 16-node steps take 10x what was measured
         cost.observe(16, 128, forward=10 * measured[16], overhead=0.0)
     assert cost.load > 4
-    assert 0.8 < cost.shape[4] < 1.25  # the spike went to the load, not to the 16-node bucket
+    assert 0.8 < cost.shape[size_bucket(16)] < 1.25  # the spike went to the load, not to the 16-node bucket
     for _ in range(30):  # the burst is over: single tokens run as measured again
         cost.observe(1, 128, forward=measured[1], overhead=0.0)
     assert cost.load == pytest.approx(1.0, rel=0.05)
@@ -298,7 +298,7 @@ def test_the_shape_learns_what_the_measured_curve_got_wrong_for_one_size():
     assert cost.forward_seconds(np.array([1]), 128)[0] == pytest.approx(measured[1], rel=0.2)
     assert cost.forward_seconds(np.array([16]), 128)[0] == pytest.approx(0.5 * measured[16], rel=0.2)
     restored = CostModel.from_state(json.loads(json.dumps(cost.state())))  # the ratio is kept, the load not
-    assert restored.shape[4] / restored.shape[0] == pytest.approx(0.5, rel=0.2)
+    assert restored.shape[size_bucket(16)] / restored.shape[0] == pytest.approx(0.5, rel=0.2)
 
 
 def test_a_cost_state_from_before_the_load_split_is_read_without_its_factors():
@@ -336,7 +336,7 @@ def test_a_calibration_state_with_bad_totals_loads_nothing():
 
 def test_a_noisy_correction_never_makes_a_bigger_tree_cheaper_than_a_smaller_one():
     cost = steep_cost(per_node=1.0)
-    cost.shape = {0: 1.0, 6: 0.001}  # an absurdly low factor for 64 nodes (set directly, past the clip)
+    cost.shape = {0: 1.0, size_bucket(64): 0.001}  # an absurdly low factor for 64 nodes (set directly, past the clip)
     sizer = TreeSizer(cost, EdgeCalibration(), max_capacity=64)
     chain = DraftTree.chain(np.arange(64, dtype=np.int32))
     # Without the envelope t(64) would be 0.064 s against t(1) = 1 s and the whole chain would win.
@@ -390,9 +390,12 @@ def test_auto_greedy_equals_plain_greedy(forced_cost, method, cost):
     expected = plain_greedy(model, REPEATING_PROMPT, 40)
     result = racer_rs.generate(model, REPEATING_PROMPT, method=method, max_new_tokens=40, capacity="auto")
     assert result.tokens == expected
+    if method == "ar":  # plain decoding has nothing to size: no policy runs
+        assert "auto_capacity" not in result.extras
+        return
     report = result.extras["auto_capacity"]
     assert sum(report["chosen_sizes"].values()) == report["steps"] >= 1
-    if cost == "steep" and method != "ar":
+    if cost == "steep":
         assert set(report["chosen_sizes"]) == {1}  # nothing pays at a whole forward per node
     if cost == "flat" and method in ("racer", "racer_scored"):
         assert max(report["chosen_sizes"]) > 8
@@ -529,3 +532,30 @@ def test_the_correction_scales_the_expectation_but_not_the_ranking():
     assert before.keep.tolist() == after.keep.tolist() == [0, 1, 2, 3]  # flat cost: the whole tree
     assert after.uncorrected_extra == pytest.approx(before.uncorrected_extra)
     assert after.expected - 1 < 0.05 * (before.expected - 1)
+
+
+def test_small_sizes_learn_their_own_shape():
+    # A batched step is decided between padded sizes 1, 2 and 3: a shared bucket for 2 and 3
+    # learned a compromise that underpriced both.
+    cost = steep_cost(per_node=1.0)
+    measured = {n: float(cost.measured_seconds(np.array([n]), 128)[0]) for n in (1, 2, 3)}
+    for _ in range(300):
+        cost.observe(1, 128, forward=measured[1], overhead=0.0)
+        cost.observe(2, 128, forward=1.2 * measured[2], overhead=0.0)
+        cost.observe(3, 128, forward=0.8 * measured[3], overhead=0.0)
+    predicted = {n: float(cost.forward_seconds(np.array([n]), 128)[0]) for n in (1, 2, 3)}
+    assert predicted[2] / predicted[1] == pytest.approx(1.2 * measured[2] / measured[1], rel=0.05)
+    assert predicted[3] / predicted[1] == pytest.approx(0.8 * measured[3] / measured[1], rel=0.05)
+
+
+def test_size_buckets_are_exact_for_small_sizes_then_powers_of_two():
+    assert [size_bucket(n) for n in (1, 2, 3, 8)] == [0, 1, 2, 7]
+    assert size_bucket(9) == size_bucket(15) != size_bucket(16) == size_bucket(31) != size_bucket(32)
+
+
+def test_shape_factors_stored_over_other_buckets_are_not_read():
+    state = {"sizes": [1, 2], "seconds": {"128": [1.0, 2.0], "1024": [2.0, 3.0]}, "shape": {"1": 3.0}}
+    assert CostModel.from_state(state).shape == {}  # bucket 1 meant sizes 2..3 then
+    cost = steep_cost()
+    cost.shape = {1: 3.0}
+    assert CostModel.from_state(json.loads(json.dumps(cost.state()))).shape == {1: 3.0}

@@ -101,8 +101,31 @@ LOAD_RANGE = (1 / 8, 8.0)
 SHAPE_RANGE = (1 / 4, 4.0)
 
 
-def _bucket(n: int) -> int:
-    return max(0, int(n).bit_length() - 1)  # 1 -> 0, 2..3 -> 1, 4..7 -> 2, ...
+#: Sizes up to this one have a shape bucket each; bigger ones share one per power of two.
+EXACT_BUCKETS = 8
+#: The bucket layout of stored shape factors (states with another layout start from shape 1).
+BUCKET_SCHEME = 2
+
+
+def size_bucket(n: int) -> int:
+    """The shape bucket of a ``n``-node step: ``n - 1`` up to :data:`EXACT_BUCKETS` nodes, then
+    one per power of two (9..15 -> 8, 16..31 -> 9, ...).
+
+    Small sizes are where batched steps are decided (a padded size of 2 or 3 for every row), and
+    their real costs part from the measured curve differently: one bucket for 2..3 nodes learned
+    a compromise that underpriced both.
+    """
+    n = max(1, int(n))
+    if n <= EXACT_BUCKETS:
+        return n - 1
+    return EXACT_BUCKETS + n.bit_length() - EXACT_BUCKETS.bit_length()
+
+
+def bucket_start(bucket: int) -> int:
+    """The smallest size of shape bucket ``bucket`` (:func:`size_bucket`'s inverse on its first sizes)."""
+    if bucket < EXACT_BUCKETS:
+        return bucket + 1
+    return max(EXACT_BUCKETS + 1, 1 << (bucket - EXACT_BUCKETS + EXACT_BUCKETS.bit_length() - 1))
 
 
 def _clip(value: float, bounds: tuple[float, float]) -> float:
@@ -131,7 +154,7 @@ class CostModel:
     - a **level** factor, learned slowly: what the first-use measurement got wrong about this
       curve as a whole (e.g. a curve timed while other processes loaded the machine: next to
       curves timed at a quiet moment it is too high at every size). Stored with the curve;
-    - a **shape** factor per size bucket (powers of two), learned slowly: what the first-use
+    - a **shape** factor per size bucket (:func:`size_bucket`), learned slowly: what the first-use
       measurement got wrong about that size relative to the others (e.g. small trees timed
       while the machine was still warming up). Stored with the curve; 1 for a bucket never seen.
 
@@ -200,7 +223,7 @@ class CostModel:
         """Predicted forward seconds for tree sizes ``n`` at ``context`` tokens: the measured
         curve times the load, the level and each size bucket's shape factor."""
         n = np.asarray(n, dtype=np.float64)
-        shape = np.asarray([self.shape.get(_bucket(int(k)), 1.0) for k in n.ravel()]).reshape(n.shape)
+        shape = np.asarray([self.shape.get(size_bucket(int(k)), 1.0) for k in n.ravel()]).reshape(n.shape)
         seconds: np.ndarray = self.measured_seconds(n, context) * (self.load * self.level) * shape
         return seconds
 
@@ -212,7 +235,7 @@ class CostModel:
         """Correct the model with one step's measured forward and outside-forward seconds."""
         if not (np.isfinite(forward) and forward > 0):
             return  # a clock that went backwards or a zero timing teaches nothing
-        bucket = _bucket(n)
+        bucket = size_bucket(n)
         log_ratio = float(np.log(forward / float(self.measured_seconds(np.asarray([n]), context)[0])))
         log_shape = {k: float(np.log(v)) for k, v in self.shape.items()}
         log_shape.setdefault(bucket, 0.0)
@@ -239,6 +262,7 @@ class CostModel:
             "sizes": self.sizes.astype(int).tolist(),
             "seconds": {str(self.short): self.curve_short.tolist(), str(self.long): self.curve_long.tolist()},
             "shape": {str(k): v for k, v in self.shape.items()},
+            "buckets": BUCKET_SCHEME,
             "level": self.level,
             "overhead": self.overhead,
         }
@@ -257,6 +281,8 @@ class CostModel:
             shape = {int(k): float(v) for k, v in state.get("shape", {}).items()}
             if not all(np.isfinite(v) and v > 0 for v in shape.values()):
                 raise InvalidArgumentError("shape factors must be positive")
+            if state.get("buckets") != BUCKET_SCHEME:
+                shape = {}  # learned over other buckets: their keys mean other sizes
             overhead = float(state.get("overhead", 0.0))
             level = float(state.get("level", 1.0))
             if not (np.isfinite(level) and level > 0):

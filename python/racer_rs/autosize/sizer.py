@@ -24,7 +24,7 @@ import numpy as np
 
 from racer_rs._native import DraftTree
 from racer_rs.autosize.calibration import EdgeCalibration, path_probabilities
-from racer_rs.autosize.cost_model import CostModel
+from racer_rs.autosize.cost_model import CostModel, bucket_start
 
 #: With chain speculative sampling only verified nodes are evidence: after this many plain
 #: decoding steps in a row, one step verifies the best drafted token anyway (at most one in
@@ -192,6 +192,12 @@ class TreeSizer:
         self.predicted.append(choice.expected)
         self.observed.append(committed)
 
+    def count_plain(self, committed: int) -> None:
+        """Count a step that did not draft (nothing to learn: a plain step of size 1)."""
+        self.sizes[1] += 1
+        self.predicted.append(1.0)
+        self.observed.append(committed)
+
     def report(self, context: int) -> dict[str, Any]:
         """Per-request statistics for ``GenerationResult.extras["auto_capacity"]``."""
         steps = len(self.observed)
@@ -205,5 +211,5 @@ class TreeSizer:
             "overhead_ms": round(1000 * self.cost.overhead, 3),
             "load_factor": round(self.cost.load, 3),
             "level_factor": round(self.cost.level, 3),
-            "shape_factors": {1 << k: round(v, 3) for k, v in sorted(self.cost.shape.items())},
+            "shape_factors": {bucket_start(k): round(v, 3) for k, v in sorted(self.cost.shape.items())},
         }

@@ -14,6 +14,7 @@ class AutoregressiveDrafter(Drafter):
     """Proposes only the root, so every step commits exactly one token."""
 
     name = "ar"
+    never_drafts = True
 
     def __init__(self, model: Any = None) -> None:
         del model  # no state

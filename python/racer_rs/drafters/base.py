@@ -154,9 +154,12 @@ class Drafter(ABC):
         prompt_topk_optional: if true, the prompt's top-k rows only seed what the tree nodes'
             rows fill anyway (a copy-logit table), so the engine may leave them out
             (``RequestStart.prompt_topk`` is then ``None``) where they do not pay.
+        never_drafts: if true, every proposal is the lone root (plain decoding): the engine
+            verifies the roots without asking, and no capacity policy runs.
     """
 
     name: str = "drafter"
+    never_drafts: bool = False
     needs_topk: int = 0
     needs_logits: bool = False
     needs_topk_probs: bool = False

@@ -48,6 +48,8 @@ class StepReport:
             its nodes (the acceptors' predictions, the drafters' top-k, the host copy), so that
             the cost curves learn what one more node costs in all of it; ``step`` seconds of the
             whole step.
+        drafted: the step drafted (``False``: a plain step chosen by :meth:`AutoCapacity.drafts`,
+            with no trees, no top-k and no drafter bookkeeping).
     """
 
     rows: list[int]
@@ -62,6 +64,64 @@ class StepReport:
     padded: int
     forward: float
     step: float
+    drafted: bool = True
+
+
+class DraftingSwitch:
+    """Whether a batched step drafts at all, chosen per batch size by measured tokens per second.
+
+    Drafting costs a batch more than the nodes it verifies: every row's tree, the policy's cut,
+    the top-k of every verified node and the drafters' tables, whether or not any node is kept
+    (at 16 rows of SmolLM2 on this CPU, 4 to 8 ms of a 95 ms step, against drafts that gain 3%
+    there). The switch runs blocks of :data:`SWITCH_BLOCK` steps in one mode, the mode with more
+    committed tokens per second of step so far at that batch size, and every
+    :data:`SWITCH_EXPLORE`-th block the other one, so that both rates stay current as the load,
+    the contexts and the drafts change. A mode never measured at a batch size is tried first.
+    """
+
+    def __init__(self) -> None:
+        # Per batch size: per mode (True: drafting) decayed [tokens, seconds].
+        self.totals: dict[int, dict[bool, list[float]]] = {}
+        self.blocks: Counter[int] = Counter()
+        self.mode: dict[int, bool] = {}
+        self.left: Counter[int] = Counter()
+
+    def rate(self, batch: int, drafting: bool) -> float | None:
+        """Committed tokens per second of ``drafting``-mode steps at ``batch`` rows so far."""
+        tokens, seconds = self.totals.get(batch, {}).get(drafting, (0.0, 0.0))
+        return tokens / seconds if seconds > 0 else None
+
+    def drafts(self, batch: int) -> bool:
+        """The mode of the next step at ``batch`` rows."""
+        if self.left[batch] <= 0:
+            self.blocks[batch] += 1
+            rates = {mode: self.rate(batch, mode) for mode in (True, False)}
+            untried = [mode for mode in (True, False) if rates[mode] is None]
+            if untried:
+                mode = untried[0]
+            else:
+                best = bool(rates[True] >= rates[False])  # type: ignore[operator]  # both measured
+                mode = best if self.blocks[batch] % SWITCH_EXPLORE else not best
+            self.mode[batch] = mode
+            self.left[batch] = SWITCH_BLOCK
+        self.left[batch] -= 1
+        return self.mode[batch]
+
+    def observe(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """Count one step (earlier steps of its mode weigh :data:`SWITCH_DECAY` less each)."""
+        if not (np.isfinite(seconds) and seconds > 0):
+            return
+        totals = self.totals.setdefault(batch, {}).setdefault(drafted, [0.0, 0.0])
+        totals[0] = SWITCH_DECAY * totals[0] + tokens
+        totals[1] = SWITCH_DECAY * totals[1] + seconds
+
+
+#: Steps per block of one drafting mode at a batch size.
+SWITCH_BLOCK = 8
+#: Every this many blocks, the mode measured slower runs one block.
+SWITCH_EXPLORE = 8
+#: Weight of a mode's earlier steps against its newest one (about 2 blocks' memory).
+SWITCH_DECAY = 0.94
 
 
 class FixedCapacity:
@@ -79,6 +139,10 @@ class FixedCapacity:
     def edge_calibration(self) -> np.ndarray | None:
         """No calibration: drafters use their raw edge estimates."""
         return None
+
+    def drafts(self, batch: int) -> bool:
+        """Every step drafts."""
+        return True
 
     def cut(self, proposals: list[Proposal], rows: Sequence[int], context: int) -> tuple[list[Proposal], list[Any]]:
         """The proposals as drafted."""
@@ -119,6 +183,7 @@ class AutoCapacity:
         self.sizers: dict[int, TreeSizer] = {}
         self.batch_sizes: dict[int, Counter[int]] = {}
         self.padded_sizes: dict[int, Counter[int]] = {}
+        self.switch = DraftingSwitch()
         # The cost curves' measurement on first use (a part of the call's total time).
         self.setup_seconds = time.perf_counter() - started
 
@@ -139,6 +204,11 @@ class AutoCapacity:
     def edge_calibration(self) -> np.ndarray | None:
         """The calibrated acceptance probability of every edge cell."""
         return self.calibration.probabilities()
+
+    def drafts(self, batch: int) -> bool:
+        """Whether the next step at ``batch`` rows drafts (:class:`DraftingSwitch`; one row always
+        does: its sizer already decodes plainly when no node pays)."""
+        return batch == 1 or self.switch.drafts(batch)
 
     def cut(
         self, proposals: list[Proposal], rows: Sequence[int], context: int
@@ -162,10 +232,15 @@ class AutoCapacity:
     def observe(self, report: StepReport) -> None:
         """Learn every row's acceptance and the forward's cost (at its batch size) from one step."""
         batch = len(report.rows)
+        if batch > 1:
+            self.switch.observe(batch, report.drafted, sum(report.committed), report.step)
         for index, row in enumerate(report.rows):
             self.batch_sizes[row][batch] += 1
             self.padded_sizes[row][report.padded] += 1
             sizer = self.sizers[row]
+            if not report.drafted:
+                sizer.count_plain(report.committed[index])
+                continue
             arguments = (
                 report.full[index].tree,
                 report.choices[index],
@@ -183,9 +258,12 @@ class AutoCapacity:
                 )
             else:
                 sizer.learn(*arguments, randomized=report.randomized[index], committed=report.committed[index])
-        if batch > 1:
-            overhead = report.step - report.forward
-            self.costs.for_batch(batch).observe(report.padded, report.context, report.forward, overhead)
+        if batch > 1 and report.drafted:
+            # A batched step's curve learns the whole step: what it costs beyond the verify phase
+            # grows with the padded size too (the cache moves of every row's accepted nodes,
+            # rows finishing), and a constant overhead priced a padded size of 2 at 1.10x a plain
+            # step when it took 1.16x (SmolLM2, 16 rows).
+            self.costs.for_batch(batch).observe(report.padded, report.context, report.step, 0.0)
 
     def finish(self, row: int, context: int) -> dict[str, Any]:
         """Row ``row``'s statistics (``extras["auto_capacity"]``): its chosen sizes and predictions,

@@ -402,7 +402,11 @@ class DecodeEngine:
         live = list(self.live)
         self.steps += 1
         started = time.perf_counter()
-        drafted_all = self.draft(live)
+        drafting = not self.drafting.never_drafts and (not self.drafting.skips_steps or self.policy.drafts(len(live)))
+        if drafting:
+            drafted_all = self.draft(live)
+        else:  # a plain step: every row verifies its root alone
+            drafted_all = [Proposal(DraftTree.chain(np.asarray([s.next_token], dtype=np.int32))) for s in live]
         full = [p for p in drafted_all if p is not None]
         if len(full) != len(live):  # a row failed while drafting: it leaves the batch alone
             live = [state for state, p in zip(live, drafted_all, strict=True) if p is not None]
@@ -410,11 +414,14 @@ class DecodeEngine:
             if not live:
                 return
         rows = [state.row for state in live]
-        proposals, choices = self.policy.cut(full, rows, self.verifier.physical)
+        if drafting:
+            proposals, choices = self.policy.cut(full, rows, self.verifier.physical)
+        else:
+            proposals, choices = full, [None] * len(full)
         drafted = time.perf_counter()
         context = self.verifier.physical
         forward_before = self.verifier.model_seconds
-        verified = self.verify(live, proposals)
+        verified = self.verify(live, proposals, topk=drafting)
         forward = self.verifier.model_seconds - forward_before
         padded = max(len(p.tree) for p in proposals)
         verified_at = time.perf_counter()
@@ -443,6 +450,7 @@ class DecodeEngine:
                 padded=padded,
                 forward=verified_at - drafted,
                 step=finished - started,
+                drafted=drafting,
             )
         )
         self._drop_finished()
@@ -475,9 +483,9 @@ class DecodeEngine:
                 checked.append(None)
         return checked
 
-    def verify(self, live: list[DecodeState], proposals: list[Proposal]) -> list[Verified]:
-        """One forward over every row's tree; the acceptors' predictions and the drafters' top-k
-        for all rows, copied to the host in the step's one transfer."""
+    def verify(self, live: list[DecodeState], proposals: list[Proposal], topk: bool = True) -> list[Verified]:
+        """One forward over every row's tree; the acceptors' predictions and (``topk``) the
+        drafters' top-k for all rows, copied to the host in the step's one transfer."""
         trees = [p.tree for p in proposals]
         for state, tree in zip(live, trees, strict=True):
             state.tree_nodes += len(tree)
@@ -489,7 +497,7 @@ class DecodeEngine:
         ]
         transfer = HostTransfer()
         self._predict(live, trees, logits, transfer)
-        k = self.drafting.needs_topk
+        k = self.drafting.needs_topk if topk else 0
         if k > 0 and self.drafting.needs_topk_probs:
             ids, probs = topk_with_probs(logits, k, self.sampling.temperature)
             transfer.add("topk_ids", ids)

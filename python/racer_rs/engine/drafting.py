@@ -44,9 +44,14 @@ class Drafting(ABC):
         needs_topk, needs_topk_probs, needs_logits, prompt_topk_optional: what the drafter
             needs of the target (as :class:`racer_rs.drafters.base.Drafter`'s attributes of the
             same names).
+        never_drafts: every proposal is the lone root (as the drafter's attribute).
+        skips_steps: a step may skip drafting for every row (a plain step: no proposals, no
+            top-k; :meth:`observe` gets outcomes without top-k and learns the committed tokens).
     """
 
     name: str
+    never_drafts: bool = False
+    skips_steps: bool = False
     needs_topk: int = 0
     needs_topk_probs: bool = False
     needs_logits: bool = False
@@ -85,7 +90,8 @@ class Drafting(ABC):
 
 
 class PoolDrafting(Drafting):
-    """Every row's RACER automaton and copy-logit table in one :class:`racer_rs.DraftPool`.
+    """Every row's RACER automaton and copy-logit table in one :class:`racer_rs.DraftPool`
+    (a plain step extends the automata and leaves the tables as they are).
 
     Args:
         drafter: a :class:`RacerDrafter` built with the request's options (it validates them
@@ -103,6 +109,7 @@ class PoolDrafting(Drafting):
             )
         options = drafter.options
         self.name = drafter.name
+        self.skips_steps = True
         self.scored = drafter.builds_scored(calibrated)
         self.use_retrieval = drafter.use_retrieval
         self.use_logits = drafter.use_logits
@@ -191,6 +198,7 @@ class RowDrafting(Drafting):
         self.needs_topk_probs = first.needs_topk_probs
         self.needs_logits = first.needs_logits
         self.prompt_topk_optional = first.prompt_topk_optional
+        self.never_drafts = self.skips_steps = first.never_drafts
         self._takes_calibration = "edge_calibration" in inspect.signature(first.propose).parameters
         self.idle: list[Drafter] = [first]  # built, not serving a row
         self.drafters: dict[int, Drafter] = {}

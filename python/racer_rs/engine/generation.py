@@ -178,9 +178,11 @@ def make_drafting_for(settings: CallSettings, model: PreTrainedModel, rows: int)
     return drafting
 
 
-def make_policy(settings: CallSettings, model: PreTrainedModel, name: str, rows: int) -> CapacityPolicy:
+def make_policy(settings: CallSettings, model: PreTrainedModel, drafting: Drafting, rows: int) -> CapacityPolicy:
+    if drafting.never_drafts:  # plain decoding: nothing to size (the baseline pays no policy)
+        return FixedCapacity(1)
     if settings.auto:
-        return AutoCapacity(model, name, settings.sampling.greedy, settings.max_capacity, rows)
+        return AutoCapacity(model, drafting.name, settings.sampling.greedy, settings.max_capacity, rows)
     return FixedCapacity(settings.capacity)
 
 
@@ -379,7 +381,7 @@ def run_requests(
 ) -> list[GenerationResult]:
     """Decode checked requests with the engine; their results in request order."""
     drafting = make_drafting_for(settings, model, max_rows)
-    policy = make_policy(settings, model, drafting.name, max_rows)
+    policy = make_policy(settings, model, drafting, max_rows)
     results: list[GenerationResult | None] = [None] * len(requests)
     batched = isolate_failures  # generate_batch's rows carry the batch's statistics
 
