@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -64,3 +65,11 @@ def arctic() -> None:
     if os.environ.get("RACER_REQUIRE_SUFFIX") == "1":
         pytest.fail(f"RACER_REQUIRE_SUFFIX=1 but {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_drafting_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts with no measured drafting modes: the process-wide switches learn from
+    timings, and one test's timings must not decide another's steps."""
+    if "racer_rs.engine.capacity" in sys.modules:
+        monkeypatch.setattr(sys.modules["racer_rs.engine.capacity"], "_switches", {})

@@ -77,6 +77,8 @@ class DraftingSwitch:
     committed tokens per second of step so far at that batch size, and every
     :data:`SWITCH_EXPLORE`-th block the other one, so that both rates stay current as the load,
     the contexts and the drafts change. A mode never measured at a batch size is tried first.
+    One switch serves every call of a process for the same target, method and decoding mode
+    (:func:`drafting_switch`), so a long-running process explores once, not once per call.
     """
 
     def __init__(self) -> None:
@@ -119,9 +121,19 @@ class DraftingSwitch:
 #: Steps per block of one drafting mode at a batch size.
 SWITCH_BLOCK = 8
 #: Every this many blocks, the mode measured slower runs one block.
-SWITCH_EXPLORE = 8
+SWITCH_EXPLORE = 16
 #: Weight of a mode's earlier steps against its newest one (about 2 blocks' memory).
 SWITCH_DECAY = 0.94
+
+
+#: This process's drafting switches, by calibration key (target, method, decoding mode).
+_switches: dict[str, DraftingSwitch] = {}
+
+
+def drafting_switch(key: str) -> DraftingSwitch:
+    """The process's switch for calibration key ``key`` (rates measured here, never stored: they
+    belong to this machine's load now)."""
+    return _switches.setdefault(key, DraftingSwitch())
 
 
 class FixedCapacity:
@@ -183,7 +195,7 @@ class AutoCapacity:
         self.sizers: dict[int, TreeSizer] = {}
         self.batch_sizes: dict[int, Counter[int]] = {}
         self.padded_sizes: dict[int, Counter[int]] = {}
-        self.switch = DraftingSwitch()
+        self.switch = drafting_switch(self.key)
         # The cost curves' measurement on first use (a part of the call's total time).
         self.setup_seconds = time.perf_counter() - started
 

@@ -1,0 +1,109 @@
+"""The drafting switch: a batched step drafts or decodes plainly by measured tokens per second.
+
+Checked: the switch's schedule against its definition (an untried mode first, then the faster
+one, the slower one every SWITCH_EXPLORE-th block), that plain steps skip the drafters' top-k
+and keep every row lossless (greedy and seeded sampling, modes alternating step by step), and
+that a switch ignoring the rates fails the schedule check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import racer_rs  # noqa: E402
+from racer_rs.engine import capacity, drafting  # noqa: E402
+from racer_rs.engine.capacity import SWITCH_BLOCK, SWITCH_EXPLORE, DraftingSwitch  # noqa: E402
+from tests.helpers import REPEATING_PROMPT, plain_greedy, random_prompt, tiny_model  # noqa: E402
+
+PROMPTS = [REPEATING_PROMPT, random_prompt(1, 9), random_prompt(2, 30)]
+BUDGETS = [40, 24, 33]
+
+
+def run_blocks(switch: DraftingSwitch, blocks: int, rates: dict[bool, float], batch: int = 4) -> list[bool]:
+    """Every block's mode, each step committing ``rates[mode]`` tokens in one second."""
+    modes = []
+    for _ in range(blocks):
+        block = [switch.drafts(batch) for _ in range(SWITCH_BLOCK)]
+        assert len(set(block)) == 1  # one mode per block
+        modes.append(block[0])
+        for mode in block:
+            switch.observe(batch, mode, int(rates[mode] * 100), 100.0)
+    return modes
+
+
+def expected_blocks(blocks: int, faster: bool) -> list[bool]:
+    """The definition: drafting first, then plain (untried), then the faster mode, the slower
+    one on every SWITCH_EXPLORE-th block."""
+    modes = [True, False]
+    for block in range(3, blocks + 1):
+        modes.append(faster if block % SWITCH_EXPLORE else not faster)
+    return modes
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_the_switch_runs_the_faster_mode_and_explores_the_other(faster: bool) -> None:
+    rates = {faster: 1.2, not faster: 1.0}
+    blocks = 2 * SWITCH_EXPLORE + 3
+    assert run_blocks(DraftingSwitch(), blocks, rates) == expected_blocks(blocks, faster)
+
+
+def test_a_switch_that_ignores_the_rates_fails_the_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(DraftingSwitch, "rate", lambda self, batch, mode: 1.0)  # every mode alike
+    blocks = 2 * SWITCH_EXPLORE + 3
+    assert run_blocks(DraftingSwitch(), blocks, {True: 1.0, False: 1.2}) != expected_blocks(blocks, False)
+
+
+def test_batch_sizes_are_measured_apart() -> None:
+    switch = DraftingSwitch()
+    run_blocks(switch, 4, {True: 1.0, False: 2.0}, batch=8)
+    assert switch.rate(8, False) == pytest.approx(2.0)
+    assert switch.rate(2, True) is None
+    assert switch.drafts(2)  # a new batch size tries drafting first
+
+
+def test_a_later_call_reuses_the_process_s_switch() -> None:
+    key = "a model|racer|greedy"
+    assert capacity.drafting_switch(key) is capacity.drafting_switch(key)
+    assert capacity.drafting_switch(key) is not capacity.drafting_switch("another|racer|greedy")
+
+
+def alternating(self: Any, batch: int) -> bool:
+    """Modes alternating step by step: every row meets plain steps between drafted ones."""
+    self.step_count = getattr(self, "step_count", 0) + 1
+    return batch == 1 or self.step_count % 2 == 0
+
+
+@pytest.mark.parametrize("method", ["racer", "racer_scored"])
+def test_plain_steps_keep_every_row_lossless_and_skip_the_top_k(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    monkeypatch.setattr(capacity.AutoCapacity, "drafts", alternating)
+    topk_rows: list[int] = []
+    observe = drafting.PoolDrafting.observe
+
+    def counting(self: Any, rows: Any, outcomes: Any) -> Any:
+        topk_rows.extend(o.topk_ids is not None for o in outcomes)
+        return observe(self, rows, outcomes)
+
+    monkeypatch.setattr(drafting.PoolDrafting, "observe", counting)
+    model = tiny_model("llama", seed=0, sharpen=4.0)
+    results = racer_rs.generate_batch(model, PROMPTS, method=method, max_new_tokens=BUDGETS, capacity="auto")
+    for prompt, budget, result in zip(PROMPTS, BUDGETS, results, strict=True):
+        assert result.tokens == plain_greedy(model, prompt, budget)
+        report = result.extras["auto_capacity"]
+        assert sum(report["chosen_sizes"].values()) == report["steps"]
+    assert any(topk_rows) and not all(topk_rows)  # drafted steps carry top-k rows, plain ones none
+    assert sum(max(r.accepted_lengths) > 1 for r in results) >= 1  # drafted steps still draft
+
+
+def test_plain_steps_keep_seeded_sampling_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model("llama", seed=0, sharpen=1.0)
+    kwargs: dict[str, Any] = {"method": "racer", "max_new_tokens": 24, "temperature": 0.9}
+    # Row ``b`` of a batch seeded ``s`` draws what generate(seed=s + b) draws.
+    alone = [racer_rs.generate(model, p, capacity=8, seed=5 + b, **kwargs).tokens for b, p in enumerate(PROMPTS)]
+    monkeypatch.setattr(capacity.AutoCapacity, "drafts", alternating)
+    batch = racer_rs.generate_batch(model, PROMPTS, capacity="auto", seed=5, **kwargs)
+    assert [r.tokens for r in batch] == alone
