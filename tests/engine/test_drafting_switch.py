@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
 from racer_rs.engine import capacity, drafting  # noqa: E402
-from racer_rs.engine.capacity import SWITCH_BLOCK, SWITCH_EXPLORE, DraftingSwitch  # noqa: E402
+from racer_rs.engine.capacity import SWITCH_BLOCK, SWITCH_EXPLORE, SWITCH_MARGIN, DraftingSwitch  # noqa: E402
 from tests.helpers import REPEATING_PROMPT, plain_greedy, random_prompt, tiny_model  # noqa: E402
 
 PROMPTS = [REPEATING_PROMPT, random_prompt(1, 9), random_prompt(2, 30)]
@@ -50,6 +50,21 @@ def test_the_switch_runs_the_faster_mode_and_explores_the_other(faster: bool) ->
     rates = {faster: 1.2, not faster: 1.0}
     blocks = 2 * SWITCH_EXPLORE + 3
     assert run_blocks(DraftingSwitch(), blocks, rates) == expected_blocks(blocks, faster)
+
+
+def test_drafting_within_the_margin_of_plain_steps_does_not_run() -> None:
+    rates = {True: 1 + SWITCH_MARGIN / 2, False: 1.0}  # drafting ahead, by less than the margin
+    blocks = 2 * SWITCH_EXPLORE + 3
+    assert run_blocks(DraftingSwitch(), blocks, rates) == expected_blocks(blocks, False)
+
+
+def test_one_slow_step_counts_as_a_clipped_one() -> None:
+    switch = DraftingSwitch()
+    for _ in range(2 * SWITCH_BLOCK):
+        switch.observe(4, True, 4, 1.0)
+    switch.observe(4, True, 4, 100.0)  # a cache growth, not the mode
+    tokens, seconds, steps = switch.totals[4][True]
+    assert seconds / steps < 1.1
 
 
 def test_a_switch_that_ignores_the_rates_fails_the_schedule(monkeypatch: pytest.MonkeyPatch) -> None:

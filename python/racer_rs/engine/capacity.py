@@ -77,12 +77,16 @@ class DraftingSwitch:
     committed tokens per second of step so far at that batch size, and every
     :data:`SWITCH_EXPLORE`-th block the other one, so that both rates stay current as the load,
     the contexts and the drafts change. A mode never measured at a batch size is tried first.
+    Drafting must beat plain steps by :data:`SWITCH_MARGIN` to run: when the two are too close
+    to tell apart on a noisy machine, speculation does not get the benefit of the doubt. A step
+    slower than :data:`SWITCH_CLIP` times its mode's mean so far counts as that long (a cache
+    growth or another process, not the mode, made it slow).
     One switch serves every call of a process for the same target, method and decoding mode
     (:func:`drafting_switch`), so a long-running process explores once, not once per call.
     """
 
     def __init__(self) -> None:
-        # Per batch size: per mode (True: drafting) decayed [tokens, seconds].
+        # Per batch size: per mode (True: drafting) decayed [tokens, seconds, steps].
         self.totals: dict[int, dict[bool, list[float]]] = {}
         self.blocks: Counter[int] = Counter()
         self.mode: dict[int, bool] = {}
@@ -90,7 +94,7 @@ class DraftingSwitch:
 
     def rate(self, batch: int, drafting: bool) -> float | None:
         """Committed tokens per second of ``drafting``-mode steps at ``batch`` rows so far."""
-        tokens, seconds = self.totals.get(batch, {}).get(drafting, (0.0, 0.0))
+        tokens, seconds, _ = self.totals.get(batch, {}).get(drafting, (0.0, 0.0, 0.0))
         return tokens / seconds if seconds > 0 else None
 
     def drafts(self, batch: int) -> bool:
@@ -102,7 +106,7 @@ class DraftingSwitch:
             if untried:
                 mode = untried[0]
             else:
-                best = bool(rates[True] >= rates[False])  # type: ignore[operator]  # both measured
+                best = bool(rates[True] > (1 + SWITCH_MARGIN) * rates[False])  # type: ignore[operator]
                 mode = best if self.blocks[batch] % SWITCH_EXPLORE else not best
             self.mode[batch] = mode
             self.left[batch] = SWITCH_BLOCK
@@ -113,7 +117,10 @@ class DraftingSwitch:
         """Count one step (earlier steps of its mode weigh :data:`SWITCH_DECAY` less each)."""
         if not (np.isfinite(seconds) and seconds > 0):
             return
-        totals = self.totals.setdefault(batch, {}).setdefault(drafted, [0.0, 0.0])
+        totals = self.totals.setdefault(batch, {}).setdefault(drafted, [0.0, 0.0, 0.0])
+        if totals[2] >= SWITCH_BLOCK:  # enough steps for a mean to clip against
+            seconds = min(seconds, SWITCH_CLIP * totals[1] / totals[2])
+        totals[2] = SWITCH_DECAY * totals[2] + 1
         totals[0] = SWITCH_DECAY * totals[0] + tokens
         totals[1] = SWITCH_DECAY * totals[1] + seconds
 
@@ -124,6 +131,10 @@ SWITCH_BLOCK = 8
 SWITCH_EXPLORE = 16
 #: Weight of a mode's earlier steps against its newest one (about 2 blocks' memory).
 SWITCH_DECAY = 0.94
+#: Drafting runs only if its measured rate beats plain steps' by this share.
+SWITCH_MARGIN = 0.02
+#: A step's seconds count at most this many times its mode's mean step so far.
+SWITCH_CLIP = 1.5
 
 
 #: This process's drafting switches, by calibration key (target, method, decoding mode).
