@@ -490,9 +490,10 @@ class DecodeEngine:
         transfer = HostTransfer()
         k = self.drafting.needs_topk
         greedy = None
-        if k > 0 and (self.drafting.needs_topk_probs or self.sampling.greedy or logits.device.type == "cpu"):
+        if k > 0 and (self.drafting.needs_topk_probs or logits.device.type == "cpu"):
             # One pass over the logits for the drafter's top-k, their probabilities and a greedy
-            # walk's argmax (on the CPU, the Rust kernel: cheaper than torch.topk alone).
+            # walk's argmax (on the CPU, the Rust kernel: cheaper than torch.topk alone; elsewhere
+            # torch's ops, so top-k ids alone stay one torch.topk).
             ids, probs, greedy = logits_summary(logits, k, self.sampling.temperature)
             transfer.add("topk_ids", ids)
             if self.drafting.needs_topk_probs:
