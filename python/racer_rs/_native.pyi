@@ -29,6 +29,7 @@ __all__ = [
     "build_draft_tree",
     "edge_cell_groups",
     "edge_cell_priors",
+    "logits_summary",
     "prompt_lookup",
 ]
 
@@ -367,6 +368,18 @@ def edge_cell_groups() -> npt.NDArray[np.int32]:
 def edge_cell_priors() -> npt.NDArray[np.float32]:
     """``float32[EDGE_CELLS]``: the raw acceptance estimate each edge cell stands for, a prior
     before any outcome is observed."""
+
+def logits_summary(
+    logits: npt.NDArray[np.float32] | npt.NDArray[np.uint16] | npt.NDArray[np.int16], k: int, scale: float = 1.0
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """One pass per row of ``[rows, V]`` logits (float32, or bfloat16 as its ``uint16``/``int16``
+    bits; C-contiguous), the GIL released: ``(ids, probs, greedy)``, the ``int64[rows, k]`` ids
+    of the k largest logits (largest first, equal ones by id), their ``float32[rows, k]``
+    probabilities under ``softmax(logits * scale)`` and the ``int64[rows]`` argmax (the first
+    index of the largest logit, ``ids[:, 0]``). NaN ranks above every number and makes its row's
+    probabilities NaN; infinities give torch's ``logsumexp`` results. ``1 <= k <= V`` and a
+    finite ``scale > 0``, or an ``InvalidArgumentError``; another dtype is an
+    ``InvalidTypeError``."""
 
 def prompt_lookup(
     context: _TokenArray, *, max_ngram: int = 3, min_ngram: int = 1, num_pred: int = 10

@@ -5,6 +5,7 @@ mod automaton;
 mod draft;
 mod edge_cells;
 mod errors;
+mod logits_summary;
 mod logits_table;
 mod lookup;
 mod pool;
@@ -21,6 +22,8 @@ mod _native {
     use super::draft::build_draft_tree;
     #[pymodule_export]
     use super::edge_cells::{edge_cell_groups, edge_cell_priors};
+    #[pymodule_export]
+    use super::logits_summary::logits_summary;
     #[pymodule_export]
     use super::logits_table::PyLogitsTable;
     #[pymodule_export]

@@ -55,11 +55,11 @@ from racer_rs.target.sampling import (
     SamplingConfig,
     draw_uniforms,
     greedy_ids,
+    logits_summary,
     process_logits,
     sample_nodes,
     sample_position,
 )
-from racer_rs.target.verifier import topk_with_probs
 
 TIMING_KEYS = ("prefill", "draft", "verify", "forward", "accept", "bookkeeping", "total")
 #: The acceptors' host results, ``[B, n_max]`` each: every row reads its own nodes.
@@ -496,14 +496,19 @@ class DecodeEngine:
             for index, (state, p) in enumerate(zip(live, proposals, strict=True))
         ]
         transfer = HostTransfer()
-        self._predict(live, trees, logits, transfer)
         k = self.drafting.needs_topk if topk else 0
-        if k > 0 and self.drafting.needs_topk_probs:
-            ids, probs = topk_with_probs(logits, k, self.sampling.temperature)
+        greedy = None
+        if k > 0 and (self.drafting.needs_topk_probs or logits.device.type == "cpu"):
+            # One pass over the logits for the drafter's top-k, their probabilities and a greedy
+            # walk's argmax (on the CPU, the Rust kernel: cheaper than torch.topk alone; elsewhere
+            # torch's ops, so top-k ids alone stay one torch.topk).
+            ids, probs, greedy = logits_summary(logits, k, self.sampling.temperature)
             transfer.add("topk_ids", ids)
-            transfer.add("topk_probs", probs)
+            if self.drafting.needs_topk_probs:
+                transfer.add("topk_probs", probs)
         elif k > 0:
             transfer.add("topk_ids", torch.topk(logits, k, dim=-1).indices)
+        self._predict(live, trees, logits, transfer, greedy)
         # A chain verified with chain speculative sampling decides on its own (its draws come from
         # the row's generator in the order plain generate() makes them).
         chain_hosts: dict[int, dict[str, np.ndarray]] = {}
@@ -530,13 +535,19 @@ class DecodeEngine:
         return verified
 
     def _predict(
-        self, live: list[DecodeState], trees: list[DraftTree], logits: torch.Tensor, transfer: HostTransfer
+        self,
+        live: list[DecodeState],
+        trees: list[DraftTree],
+        logits: torch.Tensor,
+        transfer: HostTransfer,
+        greedy: torch.Tensor | None = None,
     ) -> None:
         """The walk's device half for every row at once: ``GreedyWalk.predict`` /
         ``SamplingWalk.predict`` on ``[B, n_max]`` nodes, each row with its own uniforms keyed by
-        its own generation position (padding nodes draw values nobody reads)."""
+        its own generation position (padding nodes draw values nobody reads). ``greedy``: the
+        logits' argmax if the step computed it already (:func:`logits_summary`)."""
         if self.sampling.greedy:
-            transfer.add("predicted", greedy_ids(logits))
+            transfer.add("predicted", greedy_ids(logits) if greedy is None else greedy)
             return
         batch, width = logits.shape[:2]
         device = logits.device

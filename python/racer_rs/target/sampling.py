@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from racer_rs import _native
 from racer_rs import _validate as rules
 
 
@@ -35,6 +36,55 @@ def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     half precision (bfloat16 ``argmax`` is not vectorised: 15 ms against 2 ms for ``[8, 7, 49152]``).
     """
     return logits.max(dim=-1).indices
+
+
+#: The largest scale (inverse temperature) the Rust kernel takes: float32's largest number.
+_MAX_NATIVE_SCALE = float(torch.finfo(torch.float32).max)
+
+
+def logits_summary(logits: torch.Tensor, k: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The top-k ids of every row of ``[..., V]`` logits, their probabilities under
+    ``softmax(logits / T)`` and the row's argmax, as a decode step needs them.
+
+    On the CPU (bfloat16 or float32 logits) one pass of the Rust kernel per row
+    (``racer_rs._native.logits_summary``, the GIL released) does what ``torch.topk``,
+    ``torch.logsumexp`` and ``max`` do in three; elsewhere (a GPU, float16) those torch ops.
+
+    Args:
+        logits: raw logits, ``V >= k``.
+        k: ids per row, ``>= 1``.
+        temperature: the sampling temperature (0, greedy, counts as 1).
+
+    Returns:
+        ``(ids, probs, greedy)``: ``int64[..., k]`` ids by logit, largest first (the kernel orders
+        equal logits by id; ``torch.topk``'s order of ties is its own), ``float32[..., k]`` their
+        probabilities, ``int64[...]`` the argmax, the first index of the largest logit exactly
+        as :func:`greedy_ids` (NaN ranks above every number, as in torch). A row holding a NaN has
+        NaN probabilities, as torch's ``logsumexp`` gives them.
+    """
+    scale = 1.0 / temperature if temperature > 0 else 1.0
+    lead = logits.shape[:-1]
+    if (
+        logits.device.type == "cpu"
+        and logits.dtype in (torch.bfloat16, torch.float32)
+        and scale <= _MAX_NATIVE_SCALE
+        and logits.dim() >= 1
+    ):
+        rows = logits.detach().reshape(-1, logits.shape[-1]).contiguous()
+        array = rows.view(torch.int16).numpy() if rows.dtype == torch.bfloat16 else rows.numpy()
+        ids, probs, greedy = _native.logits_summary(array, k, scale)
+        return (
+            torch.from_numpy(ids).view(*lead, k),
+            torch.from_numpy(probs).view(*lead, k),
+            torch.from_numpy(greedy).view(lead),
+        )
+    values, top = torch.topk(logits, k, dim=-1)
+    rows = logits.reshape(-1, logits.shape[-1])
+    # Blocks of rows whose float copy stays in the cache: one float copy of a whole step's
+    # [B * n, V] logits runs several times slower on the CPU. Each row's sum is its own.
+    norms = [torch.logsumexp(block.float() * scale if scale != 1.0 else block.float(), dim=-1) for block in rows.split(8)]
+    log_norm = (torch.cat(norms) if norms else rows.new_zeros(0, dtype=torch.float32)).view(*lead, 1)
+    return top, (values.float() * scale - log_norm).exp(), greedy_ids(logits)
 #: Temperatures below this decode greedily (vLLM's own threshold, ``_SAMPLING_EPS``).
 MIN_TEMPERATURE = 1e-5
 

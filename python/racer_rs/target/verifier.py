@@ -19,6 +19,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from racer_rs.errors import InvalidTypeError, UnsupportedError
+from racer_rs.target.sampling import logits_summary
 
 PREFILL_CHUNK = 512
 """Prompt positions per LM-head chunk when computing the prompt's top-k ids."""
@@ -157,16 +158,11 @@ def topk_with_probs(logits: torch.Tensor, k: int, temperature: float) -> tuple[t
         temperature: the sampling temperature (0, greedy, counts as 1).
 
     Returns:
-        ``(ids, probs)``, each ``[..., k]``; probs are float32.
+        ``(ids, probs)``, each ``[..., k]``; probs are float32 (see :func:`logits_summary`: one
+        pass of the Rust kernel on the CPU).
     """
-    scale = 1.0 / temperature if temperature > 0 else 1.0
-    values, ids = torch.topk(logits, k, dim=-1)
-    rows = logits.reshape(-1, logits.shape[-1])
-    # Blocks of rows whose float copy stays in the cache: one float copy of a whole step's
-    # [B * n, V] logits runs several times slower on the CPU. Each row's sum is its own.
-    norms = [torch.logsumexp(block.float() * scale if scale != 1.0 else block.float(), dim=-1) for block in rows.split(8)]
-    log_norm = (torch.cat(norms) if norms else rows.new_zeros(0, dtype=torch.float32)).view(*logits.shape[:-1], 1)
-    return ids, (values.float() * scale - log_norm).exp()
+    ids, probs, _ = logits_summary(logits, k, temperature)
+    return ids, probs
 
 
 class TreeVerifier:
