@@ -31,7 +31,7 @@ from racer_rs.autosize.batch_sizer import BatchCosts, best_batch_size, bucket_si
 from racer_rs.autosize.cost_model import CostModel, MachineLoad, synthetic_tree  # noqa: E402
 from racer_rs.autosize.sizer import Ranking, best_prefix_size  # noqa: E402
 from racer_rs.drafters.base import Proposal  # noqa: E402
-from racer_rs.engine import decode_engine, generation  # noqa: E402
+from racer_rs.engine import capacity, decode_engine, generation  # noqa: E402
 from racer_rs.engine.capacity import AutoCapacity  # noqa: E402
 from racer_rs.engine.decode_engine import DecodeEngine, DecodeState, Verification, Verified  # noqa: E402
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError  # noqa: E402
@@ -245,7 +245,14 @@ class ResampleAfterMismatchLoop(DecodeEngine):
 
 def _first_tokens(model: torch.nn.Module) -> tuple[list[Counter[tuple[int, ...]]], list[float]]:
     """Per row: counts of its first tokens over RUNS seeded batches, and how often its first
-    step accepted a drafted token."""
+    step accepted a drafted token (every step drafts: the drafting switch, which learns over
+    the RUNS calls that a tiny model's drafts do not pay, is kept on)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(capacity.AutoCapacity, "drafts", lambda self, batch: True)
+        return _first_tokens_drafting(model)
+
+
+def _first_tokens_drafting(model: torch.nn.Module) -> tuple[list[Counter[tuple[int, ...]]], list[float]]:
     counts: list[Counter[tuple[int, ...]]] = [Counter() for _ in ROW_PROMPTS]
     accepted = [0.0 for _ in ROW_PROMPTS]
     for run in range(RUNS):
