@@ -63,7 +63,7 @@ def test_one_slow_step_counts_as_a_clipped_one() -> None:
     for _ in range(2 * SWITCH_BLOCK):
         switch.observe(4, True, 4, 1.0)
     switch.observe(4, True, 4, 100.0)  # a cache growth, not the mode
-    tokens, seconds, steps = switch.totals[4][True]
+    _tokens, seconds, steps = switch.totals[4][True]
     assert seconds / steps < 1.1
 
 

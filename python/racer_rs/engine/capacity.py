@@ -67,6 +67,18 @@ class StepReport:
     drafted: bool = True
 
 
+#: Steps per block of one drafting mode at a batch size.
+SWITCH_BLOCK = 8
+#: Every this many blocks, the mode measured slower runs one block.
+SWITCH_EXPLORE = 16
+#: Weight of a mode's earlier steps against its newest one (about 2 blocks' memory).
+SWITCH_DECAY = 0.94
+#: Drafting runs only if its measured rate beats plain steps' by this share.
+SWITCH_MARGIN = 0.02
+#: A step's seconds count at most this many times its mode's mean step so far.
+SWITCH_CLIP = 1.5
+
+
 class DraftingSwitch:
     """Whether a batched step drafts at all, chosen per batch size by measured tokens per second.
 
@@ -123,18 +135,6 @@ class DraftingSwitch:
         totals[2] = SWITCH_DECAY * totals[2] + 1
         totals[0] = SWITCH_DECAY * totals[0] + tokens
         totals[1] = SWITCH_DECAY * totals[1] + seconds
-
-
-#: Steps per block of one drafting mode at a batch size.
-SWITCH_BLOCK = 8
-#: Every this many blocks, the mode measured slower runs one block.
-SWITCH_EXPLORE = 16
-#: Weight of a mode's earlier steps against its newest one (about 2 blocks' memory).
-SWITCH_DECAY = 0.94
-#: Drafting runs only if its measured rate beats plain steps' by this share.
-SWITCH_MARGIN = 0.02
-#: A step's seconds count at most this many times its mode's mean step so far.
-SWITCH_CLIP = 1.5
 
 
 #: This process's drafting switches, by calibration key (target, method, decoding mode).
