@@ -14,19 +14,13 @@ pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
 from racer_rs.drafters.pld import PromptLookupDrafter  # noqa: E402
-from racer_rs.engine import decode_engine, generation  # noqa: E402
+from racer_rs.engine import generation  # noqa: E402
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError  # noqa: E402
 from racer_rs.target.sampling import SamplingConfig  # noqa: E402
 from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, random_prompt, tiny_model  # noqa: E402
 
-pytestmark = pytest.mark.torch
-
-
-@pytest.fixture(autouse=True)
-def same_drafts_as_generate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows compared with their own ``generate`` draft from the same state: the optional prompt
-    top-k (left out above one row, see ``test_prompt_topk.py``) is computed in batches too."""
-    monkeypatch.setattr(decode_engine, "PROMPT_TOPK_MAX_ROWS", 1 << 30)
+# Rows are compared with their own generate(): the same drafts (tests/engine/conftest.py).
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("same_drafts_as_generate")]
 
 
 #: Ragged prompts (some repeat themselves, so retrieval drafts) and ragged budgets.

@@ -31,7 +31,7 @@ from racer_rs.autosize.batch_sizer import BatchCosts, best_batch_size, bucket_si
 from racer_rs.autosize.cost_model import CostModel, MachineLoad, synthetic_tree  # noqa: E402
 from racer_rs.autosize.sizer import Ranking, best_prefix_size  # noqa: E402
 from racer_rs.drafters.base import Proposal  # noqa: E402
-from racer_rs.engine import capacity, decode_engine, generation  # noqa: E402
+from racer_rs.engine import capacity, generation  # noqa: E402
 from racer_rs.engine.capacity import AutoCapacity  # noqa: E402
 from racer_rs.engine.decode_engine import DecodeEngine, DecodeState, Verification, Verified  # noqa: E402
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError  # noqa: E402
@@ -41,14 +41,8 @@ from racer_rs.target.verifier import TreeVerifier  # noqa: E402
 from tests.helpers import FAMILIES, REPEATING_PROMPT, plain_greedy, plain_sampling, random_prompt, tiny_model  # noqa: E402
 from tests.stats import chi_square_pvalue  # noqa: E402
 
-pytestmark = pytest.mark.torch
-
-
-@pytest.fixture(autouse=True)
-def same_drafts_as_generate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows compared with their own ``generate`` draft from the same state: the optional prompt
-    top-k (left out above one row, see ``test_prompt_topk.py``) is computed in batches too."""
-    monkeypatch.setattr(decode_engine, "PROMPT_TOPK_MAX_ROWS", 1 << 30)
+# Rows are compared with their own generate(): the same drafts (tests/engine/conftest.py).
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("same_drafts_as_generate")]
 
 
 BATCH_METHODS = ["ar", "pld", "token_recycling", "racer", "racer_scored", "racer_retrieval", "racer_logits"]
