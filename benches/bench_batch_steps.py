@@ -8,7 +8,10 @@ given (repeat labels to alternate them), and prints per run: total tokens/s, the
 the time inside steps (the rest is admissions: prefills and cache growth), and for the steps with
 all ``B`` rows live, per padded tree size (nodes per row): how many, the median verify-phase and
 step milliseconds, and the tokens every row committed per step. A label is ``method`` or
-``method@capacity`` (``racer@1`` is racer's bookkeeping without drafting).
+``method@capacity`` (``racer@1`` is racer's bookkeeping without drafting), optionally followed by
+``:draft`` or ``:plain`` to hold ``capacity="auto"``'s drafting switch in one mode above one row
+(``racer:plain`` never drafts in a batch, ``racer:draft`` always does). The last lines give every
+label's tokens/s over the first label's, per round (a round: the labels' n-th runs) and their mean.
 """
 
 from __future__ import annotations
@@ -42,8 +45,14 @@ def record_steps() -> None:
         policy.observe = observe  # type: ignore[method-assign]
 
 
-def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens: int) -> None:
-    method, _, size = label.partition("@")
+def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens: int) -> float:
+    """One run of ``label``; prints its breakdown and returns its tokens/s."""
+    spec, _, mode = label.partition(":")
+    method, _, size = spec.partition("@")
+    switch = capacity.AutoCapacity.drafts
+    if mode:
+        drafts = {"draft": True, "plain": False}[mode]
+        capacity.AutoCapacity.drafts = lambda self, rows: rows == 1 or drafts  # type: ignore[method-assign]
     STEPS.clear()
     started = time.perf_counter()
     results = racer_rs.generate_batch(
@@ -55,6 +64,7 @@ def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens
         max_batch_size=batch,
     )
     wall = time.perf_counter() - started
+    capacity.AutoCapacity.drafts = switch  # type: ignore[method-assign]
     tokens = sum(len(r.tokens) for r in results)
     in_steps = sum(step[3] for step in STEPS)
     print(f"{label}: {tokens / wall:.1f} tok/s, wall {wall:.1f} s, in steps {in_steps:.1f} s ({len(STEPS)} steps)")
@@ -68,6 +78,7 @@ def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens
             f"   {padded} nodes/row: {len(values)} steps, verify {1e3 * np.median(values[:, 0]):.1f} ms, "
             f"step {1e3 * np.median(values[:, 1]):.1f} ms, committed/row {values[:, 2].mean() / batch:.2f}"
         )
+    return tokens / wall
 
 
 def main() -> int:
@@ -86,8 +97,13 @@ def main() -> int:
     record_steps()
     # Warm-up (and capacity="auto"'s cost curves on first use).
     racer_rs.generate_batch(model, prompts[: args.batch], method="racer", max_new_tokens=8, max_batch_size=args.batch)
+    rates: dict[str, list[float]] = collections.defaultdict(list)
     for label in (m.strip() for m in args.methods.split(",")):
-        run(model, prompts, label, args.batch, args.max_new_tokens)
+        rates[label].append(run(model, prompts, label, args.batch, args.max_new_tokens))
+    first = next(iter(rates))
+    for label, values in rates.items():
+        ratios = [value / base for value, base in zip(values, rates[first], strict=False)]
+        print(f"{label} over {first}: " + " ".join(f"{r:.3f}" for r in ratios) + f", mean {np.mean(ratios):.3f}")
     print("reproduce: python " + " ".join([sys.argv[0], *sys.argv[1:]]))
     return 0
 
