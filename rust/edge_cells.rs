@@ -112,6 +112,25 @@ pub fn by_estimate(cell: i32, estimate: f32) -> i32 {
     self::cell(block + m * ESTIMATE_BUCKETS + bucket(estimate, ESTIMATE_BUCKETS))
 }
 
+/// Every cell's counterpart for the same edge found in the automaton shared across requests: a
+/// request's own retrieval cell (by share or by estimate) maps to the shared cell of the same
+/// match length and share (or estimate); every other cell maps to itself.
+#[must_use]
+pub fn shared_counterparts() -> Vec<i32> {
+    (0..EDGE_CELLS)
+        .map(|index| {
+            let offset = if (RETRIEVAL..SHARED_RETRIEVAL).contains(&index) {
+                SHARED_RETRIEVAL - RETRIEVAL
+            } else if (RETRIEVAL_ESTIMATE..SHARED_ESTIMATE).contains(&index) {
+                SHARED_ESTIMATE - RETRIEVAL_ESTIMATE
+            } else {
+                0
+            };
+            cell(index + offset)
+        })
+        .collect()
+}
+
 /// Offset of `(match_len, share)` inside a retrieval block.
 fn match_share(match_len: usize, share: f32) -> usize {
     let m = match_len.clamp(1, MATCH_BUCKETS) - 1;
@@ -233,6 +252,32 @@ pub fn structural(parents: &[i32], depths: &[i32]) -> crate::error::Result<Vec<i
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn own_retrieval_cells_map_to_their_shared_counterparts() {
+        let map = shared_counterparts();
+        assert_eq!(map.len(), EDGE_CELLS);
+        for m in 1..=MATCH_BUCKETS {
+            for share in [0.1, 0.5, 0.9] {
+                let own = retrieval(m, share);
+                let shared = shared_retrieval(m, share);
+                assert_eq!(map[own as usize], shared);
+                assert_eq!(map[shared as usize], shared);
+                for estimate in [0.05, 0.55, 0.95] {
+                    assert_eq!(
+                        map[by_estimate(own, estimate) as usize],
+                        by_estimate(shared, estimate)
+                    );
+                }
+            }
+        }
+        for depth in 1..=DEPTH_BUCKETS {
+            assert_eq!(map[chain(depth) as usize], chain(depth));
+        }
+        assert_eq!(map[logits(3, None) as usize], logits(3, None));
+        assert_eq!(map[logits(0, Some(0.7)) as usize], logits(0, Some(0.7)));
+    }
+
     use super::*;
 
     #[test]

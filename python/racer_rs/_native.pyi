@@ -29,6 +29,7 @@ __all__ = [
     "build_draft_tree",
     "edge_cell_groups",
     "edge_cell_priors",
+    "edge_cell_shared_counterparts",
     "logits_summary",
     "prompt_lookup",
 ]
@@ -368,6 +369,11 @@ def edge_cell_groups() -> npt.NDArray[np.int32]:
 def edge_cell_priors() -> npt.NDArray[np.float32]:
     """``float32[EDGE_CELLS]``: the raw acceptance estimate each edge cell stands for, a prior
     before any outcome is observed."""
+
+def edge_cell_shared_counterparts() -> npt.NDArray[np.int32]:
+    """``int32[EDGE_CELLS]``: every edge cell's counterpart for the same edge found in an
+    automaton shared across requests (a request's own retrieval cells, by share or by estimate,
+    map to the shared ones of the same match length and bucket; other cells to themselves)."""
 
 def logits_summary(
     logits: npt.NDArray[np.float32] | npt.NDArray[np.uint16] | npt.NDArray[np.int16], k: int, scale: float = 1.0

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from racer_rs import optional_deps
-from racer_rs._native import Automaton, DraftPool
+from racer_rs._native import Automaton, DraftPool, edge_cell_shared_counterparts
 from racer_rs.autosize.calibration import EdgeCalibration
 from racer_rs.errors import InvalidArgumentError
 from racer_rs.integrations._payoff import StepCost, best_chains, chosen_lengths
@@ -68,10 +68,9 @@ logger = logging.getLogger("vllm.racer_rs")
 FALLBACK_VOCAB = 1 << 18
 #: Logits calls kept between two ``propose`` calls (more than one is already ambiguous).
 _MAX_RECORDS = 4
-#: Retrieval edge cells of a request's own automaton, and how far the shared automaton's same
-#: cells lie after them (``racer_rs.EDGE_CELLS``: 26-65, then 66-105).
-_OWN_RETRIEVAL = range(26, 66)
-_SHARED_OFFSET = 40
+#: Every edge cell's counterpart for an edge retrieved from the shared automaton (the core's
+#: layout: a request's own retrieval cells move to the shared ones).
+_AS_SHARED = edge_cell_shared_counterparts()
 
 
 @dataclass
@@ -390,9 +389,8 @@ class RacerProposer:
             chain = deepest_path(tree.parents)[: self.k]
             if len(chain) == 0:
                 continue
-            chain_cells = tree.cells[chain].astype(np.int64)
-            own = (chain_cells >= _OWN_RETRIEVAL.start) & (chain_cells < _OWN_RETRIEVAL.stop)
-            chain_cells = np.where(own, chain_cells + _SHARED_OFFSET, chain_cells)
+            cells_own = tree.cells[chain]
+            chain_cells = np.where(cells_own >= 0, _AS_SHARED[np.maximum(cells_own, 0)], cells_own)
             ours = float(np.cumprod(edges[cells[j][valid[j]]]).sum())
             if float(np.cumprod(edges[chain_cells]).sum()) <= ours:
                 continue
