@@ -198,7 +198,7 @@ class RowDrafting(Drafting):
         self.needs_topk_probs = first.needs_topk_probs
         self.needs_logits = first.needs_logits
         self.prompt_topk_optional = first.prompt_topk_optional
-        self.never_drafts = self.skips_steps = first.never_drafts
+        self.never_drafts = first.never_drafts
         self._takes_calibration = "edge_calibration" in inspect.signature(first.propose).parameters
         self.idle: list[Drafter] = [first]  # built, not serving a row
         self.drafters: dict[int, Drafter] = {}

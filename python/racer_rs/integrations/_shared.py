@@ -48,19 +48,15 @@ def topk_rows(logits: Any, k: int, with_probs: bool) -> tuple[Any, Any]:
     """Top-``k`` ids of ``[rows, vocab]`` logits (a torch tensor, left on its device) and, when
     asked, their probabilities under ``softmax(logits)`` (float32), else ``None``.
 
-    On the CPU, one pass of the Rust kernel (:func:`racer_rs.target.sampling.logits_summary`;
-    equal logits ordered by id): a CPU server's proposer spent 0.4-1.2 ms a step in torch's
-    ``topk`` and ``logsumexp`` at 1-8 requests.
+    Through :func:`racer_rs.target.sampling.logits_summary` (on the CPU one pass of the Rust
+    kernel, equal logits ordered by id: a CPU server's proposer spent 0.4-1.2 ms a step in
+    torch's ``topk`` and ``logsumexp`` at 1-8 requests); ids alone elsewhere are one ``topk``.
     """
     import torch
 
-    if logits.device.type == "cpu":
-        from racer_rs.target.sampling import logits_summary
+    from racer_rs.target.sampling import logits_summary
 
+    if with_probs or logits.device.type == "cpu":
         ids, probs, _ = logits_summary(logits, k, 1.0)
         return ids, probs if with_probs else None
-    values, ids = torch.topk(logits, k, dim=-1)
-    if not with_probs:
-        return ids, None
-    log_norm = torch.logsumexp(logits.float(), dim=-1, keepdim=True)
-    return ids, (values.float() - log_norm).exp()
+    return torch.topk(logits, k, dim=-1).indices, None

@@ -85,6 +85,8 @@ def logits_summary(logits: torch.Tensor, k: int, temperature: float) -> tuple[to
     norms = [torch.logsumexp(block.float() * scale if scale != 1.0 else block.float(), dim=-1) for block in rows.split(8)]
     log_norm = (torch.cat(norms) if norms else rows.new_zeros(0, dtype=torch.float32)).view(*lead, 1)
     return top, (values.float() * scale - log_norm).exp(), greedy_ids(logits)
+
+
 #: Temperatures below this decode greedily (vLLM's own threshold, ``_SAMPLING_EPS``).
 MIN_TEMPERATURE = 1e-5
 
