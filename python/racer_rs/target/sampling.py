@@ -38,7 +38,9 @@ def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     return logits.max(dim=-1).indices
 
 
-#: The largest scale (inverse temperature) the Rust kernel takes: float32's largest number.
+#: The scales (inverse temperatures) the Rust kernel takes: positive and finite in float32 (a
+#: temperature above ~1e38 gives a scale that rounds to 0 there; torch's ops take it).
+_MIN_NATIVE_SCALE = float(torch.finfo(torch.float32).tiny)
 _MAX_NATIVE_SCALE = float(torch.finfo(torch.float32).max)
 
 
@@ -67,7 +69,7 @@ def logits_summary(logits: torch.Tensor, k: int, temperature: float) -> tuple[to
     if (
         logits.device.type == "cpu"
         and logits.dtype in (torch.bfloat16, torch.float32)
-        and scale <= _MAX_NATIVE_SCALE
+        and _MIN_NATIVE_SCALE <= scale <= _MAX_NATIVE_SCALE
         and logits.dim() >= 1
     ):
         rows = logits.detach().reshape(-1, logits.shape[-1]).contiguous()
