@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 import racer_rs.engine.generation  # noqa: E402
 from racer_rs.bench.api import run_serving  # noqa: E402
 from racer_rs.bench.runner import Setting  # noqa: E402
-from racer_rs.bench.serving import ServingBenchmark, ServingRecord, round_order, summarise  # noqa: E402
+from racer_rs.bench.serving import ServingBenchmark, ServingRecord, format_table, round_order, summarise  # noqa: E402
 from racer_rs.cli import main  # noqa: E402
 from tests.helpers import write_tiny_model  # noqa: E402
 
@@ -205,6 +205,10 @@ def test_summary_statistics_from_made_up_times():
     assert racer["speedup_low"] == pytest.approx(2.0) and racer["speedup_high"] == pytest.approx(4.0)
     assert racer["tokens_per_s"] == pytest.approx(15 / 3.0)
     assert racer["vs_ar_tokens_per_s"] == pytest.approx((15 / 3.0) / (15 / 8.0))
+    # Its range runs over both ar runs of the round: the opening (8 s) and the closing (14 s).
+    assert racer["vs_ar_low"] == pytest.approx((15 / 3.0) / (15 / 8.0))
+    assert racer["vs_ar_high"] == pytest.approx((15 / 3.0) / (15 / 14.0))
+    assert "2.67x [2.67, 4.67]" in format_table(list(rows.values()))
     assert racer["tpot_ms_p50"] == pytest.approx(1000.0 * (2.0 - 1.5) / 4)  # (total - first) / (tokens - 1)
     assert racer["ttft_ms_p50"] == pytest.approx(500.0)
     assert rows["ar"]["latency_s_p50"] == pytest.approx(2.0)  # ar's opening run only

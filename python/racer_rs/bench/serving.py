@@ -10,7 +10,10 @@ between), the other methods in between in an order that rotates by one place fro
 
 Per method and concurrency the benchmark reports:
 
-- total tokens/s (new tokens over the call's wall time, prefill included) and its ratio to ``ar``'s;
+- total tokens/s (new tokens over the call's wall time, prefill included) and its ratio to ``ar``'s
+  opening runs, with the range of the per-round ratios over both of the round's ``ar`` runs, the
+  opening and the closing one (:func:`_throughput_range`: how far the machine drifted around the
+  method's own call; with several rounds, how much the ratio varies between them);
 - per-request speedup over ``ar``: request ``i``'s tokens/s (its new tokens over its latency,
   ``total - admitted_s``) over ``ar``'s on the same request in the same round, aggregated by the
   geometric mean with a bootstrap 95% interval (:mod:`racer_rs.bench.stats`); a request whose two
@@ -340,6 +343,7 @@ def summarise(records: Sequence[ServingRecord], methods: Sequence[str]) -> list[
             latency = [s for r in own for s in r.latency()]
             rate = _pooled_rate(own)
             estimate = geometric_mean(ratios)
+            low, high = _throughput_range(rounds, method)
             row: dict[str, Any] = {
                 "setting": setting,
                 "concurrency": concurrency,
@@ -350,6 +354,8 @@ def summarise(records: Sequence[ServingRecord], methods: Sequence[str]) -> list[
                 "wall_s": sum(r.wall_s for r in own),
                 "tokens_per_s": rate,
                 "vs_ar_tokens_per_s": rate / ar_rate if ar_rate > 0 else math.nan,
+                "vs_ar_low": low,
+                "vs_ar_high": high,
                 "speedup": estimate.value,
                 "speedup_low": estimate.low,
                 "speedup_high": estimate.high,
@@ -375,6 +381,23 @@ def summarise(records: Sequence[ServingRecord], methods: Sequence[str]) -> list[
 def _pooled_rate(records: Sequence[ServingRecord]) -> float:
     wall = sum(r.wall_s for r in records)
     return sum(r.new_tokens for r in records) / wall if wall > 0 else math.nan
+
+
+def _throughput_range(rounds: dict[int, dict[tuple[str, int], ServingRecord]], method: str) -> tuple[float, float]:
+    """The lowest and highest ratio of ``method``'s tokens/s in a round to one of the round's ``ar``
+    runs (opening or closing), over every round; NaN when there is none."""
+    ratios: list[float] = []
+    for calls in rounds.values():
+        own = calls.get((method, 0))
+        if own is None:
+            continue
+        rate = _pooled_rate([own])
+        for ar_pass in (0, 1):
+            ar = calls.get((BASELINE, ar_pass))
+            ar_rate = _pooled_rate([ar]) if ar is not None else math.nan
+            if ar_rate > 0:
+                ratios.append(rate / ar_rate)
+    return (min(ratios), max(ratios)) if ratios else (math.nan, math.nan)
 
 
 def _request_ratios(
@@ -405,7 +428,7 @@ def estimate(row: dict[str, Any]) -> Estimate:
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """The summary as a text table (rows in summary order)."""
-    header = ["setting", "C", "method", "tok/s", "vs ar", "per-request vs ar [95%]", "TPOT ms", "TTFT ms"]
+    header = ["setting", "C", "method", "tok/s", "vs ar [range]", "per-request vs ar [95%]", "TPOT ms", "TTFT ms"]
     header += [f"p{q} s" for q in PERCENTILES] + ["MAT", "mismatch"]
     table = [header]
     for r in rows:
@@ -417,7 +440,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
                 str(r["concurrency"]),
                 r["method"],
                 f"{r['tokens_per_s']:.1f}",
-                f"{r['vs_ar_tokens_per_s']:.2f}x",
+                _throughput_text(r),
                 speed,
                 f"{r['tpot_ms_p50']:.1f}",
                 f"{r['ttft_ms_p50']:.1f}",
@@ -433,6 +456,16 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     ]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
+
+
+def _throughput_text(row: dict[str, Any]) -> str:
+    """``"1.02x [0.99, 1.04]"``: the tokens/s ratio to ``ar`` and its range (no range for ``ar``
+    itself, or where a round had no ``ar`` run)."""
+    text = f"{row['vs_ar_tokens_per_s']:.2f}x"
+    low, high = row.get("vs_ar_low", math.nan), row.get("vs_ar_high", math.nan)
+    if row["method"] == BASELINE or not (math.isfinite(low) and math.isfinite(high)):
+        return text
+    return f"{text} [{low:.2f}, {high:.2f}]"
 
 
 @dataclass
