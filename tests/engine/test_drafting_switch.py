@@ -1,7 +1,8 @@
 """The drafting switch: a batched step drafts or decodes plainly by measured tokens per second.
 
 Checked: the switch's schedule against its definition (an untried mode first, then the faster
-one, the slower one every SWITCH_EXPLORE-th block), that plain steps skip the drafters' top-k
+one, the slower one after waits of 2, 4, 8... blocks up to SWITCH_EXPLORE, the waits starting
+over when the verdict changes), that plain steps still feed the drafters' tables
 and keep every row lossless (greedy and seeded sampling, modes alternating step by step), and
 that a switch ignoring the rates fails the schedule check.
 """
@@ -17,45 +18,70 @@ pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
 from racer_rs.engine import capacity, drafting  # noqa: E402
-from racer_rs.engine.capacity import SWITCH_BLOCK, SWITCH_EXPLORE, SWITCH_MARGIN, DraftingSwitch  # noqa: E402
+from racer_rs.engine.capacity import (  # noqa: E402
+    SWITCH_BLOCK,
+    SWITCH_EXPLORE,
+    SWITCH_FIRST_EXPLORE,
+    SWITCH_MARGIN,
+    DraftingSwitch,
+)
 from tests.helpers import REPEATING_PROMPT, plain_greedy, random_prompt, tiny_model  # noqa: E402
 
 PROMPTS = [REPEATING_PROMPT, random_prompt(1, 9), random_prompt(2, 30)]
 BUDGETS = [40, 24, 33]
 
 
-def run_blocks(switch: DraftingSwitch, blocks: int, rates: dict[bool, float], batch: int = 4) -> list[bool]:
-    """Every block's mode, each step committing ``rates[mode]`` tokens in one second."""
+def run_blocks(
+    switch: DraftingSwitch, blocks: int, rates: dict[bool, float] | list[dict[bool, float]], batch: int = 4
+) -> list[bool]:
+    """Every block's mode, each step committing ``rates[mode]`` tokens in one second (``rates``
+    may give every block its own)."""
     modes = []
-    for _ in range(blocks):
+    for index in range(blocks):
+        rate = rates[index] if isinstance(rates, list) else rates
         block = [switch.drafts(batch) for _ in range(SWITCH_BLOCK)]
         assert len(set(block)) == 1  # one mode per block
         modes.append(block[0])
         for mode in block:
-            switch.observe(batch, mode, int(rates[mode] * 100), 100.0)
+            switch.observe(batch, mode, int(rate[mode] * 100), 100.0)
     return modes
 
 
 def expected_blocks(blocks: int, faster: bool) -> list[bool]:
-    """The definition: drafting first, then plain (untried), then the faster mode, the slower
-    one on every SWITCH_EXPLORE-th block."""
+    """The definition, where one mode stays faster: drafting first, then plain (untried), then
+    the faster mode, the slower one after 2, 4, 8... blocks of it (at most SWITCH_EXPLORE)."""
     modes = [True, False]
-    for block in range(3, blocks + 1):
-        modes.append(faster if block % SWITCH_EXPLORE else not faster)
-    return modes
+    wait = SWITCH_FIRST_EXPLORE
+    while len(modes) < blocks:
+        modes += [faster] * wait + [not faster]
+        wait = min(2 * wait, SWITCH_EXPLORE)
+    return modes[:blocks]
 
 
 @pytest.mark.parametrize("faster", [True, False])
 def test_the_switch_runs_the_faster_mode_and_explores_the_other(faster: bool) -> None:
     rates = {faster: 1.2, not faster: 1.0}
-    blocks = 2 * SWITCH_EXPLORE + 3
+    blocks = 4 * SWITCH_EXPLORE + 3
     assert run_blocks(DraftingSwitch(), blocks, rates) == expected_blocks(blocks, faster)
 
 
 def test_drafting_within_the_margin_of_plain_steps_does_not_run() -> None:
     rates = {True: 1 + SWITCH_MARGIN / 2, False: 1.0}  # drafting ahead, by less than the margin
-    blocks = 2 * SWITCH_EXPLORE + 3
+    blocks = 4 * SWITCH_EXPLORE + 3
     assert run_blocks(DraftingSwitch(), blocks, rates) == expected_blocks(blocks, False)
+
+
+def test_a_verdict_from_the_first_steps_is_checked_again_soon() -> None:
+    """Drafting loses while contexts are short (its first block), then pays: the switch runs it
+    again after SWITCH_FIRST_EXPLORE blocks of plain steps and keeps it (a fixed wait of
+    SWITCH_EXPLORE blocks would decode plainly for 16 blocks)."""
+    early, later = {True: 0.95, False: 1.0}, {True: 2.4, False: 1.0}
+    blocks = 2 + SWITCH_FIRST_EXPLORE + 8
+    modes = run_blocks(DraftingSwitch(), blocks, [early] * 2 + [later] * (blocks - 2))
+    explored = 2 + SWITCH_FIRST_EXPLORE  # the block index where drafting runs again
+    assert modes[:explored] == [True] + [False] * (explored - 1)
+    assert all(modes[explored : explored + SWITCH_FIRST_EXPLORE + 1])  # drafting won: it stays
+    assert modes.count(False) <= explored + 1  # plain only to check the new verdict once
 
 
 def test_one_slow_step_counts_as_a_clipped_one() -> None:
@@ -94,7 +120,7 @@ def alternating(self: Any, batch: int) -> bool:
 
 
 @pytest.mark.parametrize("method", ["racer", "racer_scored"])
-def test_plain_steps_keep_every_row_lossless_and_skip_the_top_k(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+def test_plain_steps_keep_every_row_lossless_and_feed_the_tables(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
     monkeypatch.setattr(capacity.AutoCapacity, "drafts", alternating)
     topk_rows: list[int] = []
     observe = drafting.PoolDrafting.observe
@@ -110,7 +136,9 @@ def test_plain_steps_keep_every_row_lossless_and_skip_the_top_k(monkeypatch: pyt
         assert result.tokens == plain_greedy(model, prompt, budget)
         report = result.extras["auto_capacity"]
         assert sum(report["chosen_sizes"].values()) == report["steps"]
-    assert any(topk_rows) and not all(topk_rows)  # drafted steps carry top-k rows, plain ones none
+    # Plain steps carry their roots' top-k too: a table starved during plain steps would draft
+    # badly when drafting resumes, and the switch would measure that handicap, not drafting.
+    assert topk_rows and all(topk_rows)
     assert sum(max(r.accepted_lengths) > 1 for r in results) >= 1  # drafted steps still draft
 
 

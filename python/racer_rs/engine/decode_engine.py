@@ -421,7 +421,7 @@ class DecodeEngine:
         drafted = time.perf_counter()
         context = self.verifier.physical
         forward_before = self.verifier.model_seconds
-        verified = self.verify(live, proposals, topk=drafting)
+        verified = self.verify(live, proposals)
         forward = self.verifier.model_seconds - forward_before
         padded = max(len(p.tree) for p in proposals)
         verified_at = time.perf_counter()
@@ -483,8 +483,8 @@ class DecodeEngine:
                 checked.append(None)
         return checked
 
-    def verify(self, live: list[DecodeState], proposals: list[Proposal], topk: bool = True) -> list[Verified]:
-        """One forward over every row's tree; the acceptors' predictions and (``topk``) the
+    def verify(self, live: list[DecodeState], proposals: list[Proposal]) -> list[Verified]:
+        """One forward over every row's tree; the acceptors' predictions and the
         drafters' top-k for all rows, copied to the host in the step's one transfer."""
         trees = [p.tree for p in proposals]
         for state, tree in zip(live, trees, strict=True):
@@ -496,7 +496,7 @@ class DecodeEngine:
             for index, (state, p) in enumerate(zip(live, proposals, strict=True))
         ]
         transfer = HostTransfer()
-        k = self.drafting.needs_topk if topk else 0
+        k = self.drafting.needs_topk
         greedy = None
         if k > 0 and (self.drafting.needs_topk_probs or logits.device.type == "cpu"):
             # One pass over the logits for the drafter's top-k, their probabilities and a greedy

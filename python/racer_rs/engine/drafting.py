@@ -91,7 +91,7 @@ class Drafting(ABC):
 
 class PoolDrafting(Drafting):
     """Every row's RACER automaton and copy-logit table in one :class:`racer_rs.DraftPool`
-    (a plain step extends the automata and leaves the tables as they are).
+    (a plain step extends the automata and writes its roots' top-k rows).
 
     Args:
         drafter: a :class:`RacerDrafter` built with the request's options (it validates them
