@@ -69,8 +69,9 @@ class StepReport:
 
 #: Steps per block of one drafting mode at a batch size.
 SWITCH_BLOCK = 8
-#: Blocks of the faster mode before the slower one runs again, right after a verdict: the wait
-#: doubles with every block that confirms it, up to :data:`SWITCH_EXPLORE`.
+#: Blocks of the faster mode before the slower one runs again, right after a new verdict: the
+#: wait doubles each time the slower mode's block leaves the verdict as it was, up to
+#: :data:`SWITCH_EXPLORE`.
 SWITCH_FIRST_EXPLORE = 2
 #: The longest wait, in blocks of the faster mode, before the slower mode runs one block.
 SWITCH_EXPLORE = 16
