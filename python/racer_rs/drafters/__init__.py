@@ -61,6 +61,14 @@ def make_drafter(method: str, model: Any, **options: Any) -> Drafter:
     return drafter
 
 
+def calibrated_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with ``method``'s defaults for calibrated trees (``capacity="auto"``) added
+    where the caller gave none (a factory's ``calibrated_defaults``; e.g. RACER's shorter
+    retrieval matches, :data:`racer_rs.drafters.racer.CALIBRATED_MIN_DEPTH`)."""
+    defaults = getattr(_factory(method), "calibrated_defaults", {})
+    return {**defaults, **options}
+
+
 def accepted_options(method: str) -> tuple[str, ...]:
     """The option names ``method``'s drafter takes (its module is imported)."""
     factory = _factory(method)

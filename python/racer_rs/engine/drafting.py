@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from racer_rs._native import DraftPool
-from racer_rs.drafters import make_drafter
+from racer_rs.drafters import calibrated_options, make_drafter
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
 from racer_rs.drafters.racer import RacerDrafter
 from racer_rs.errors import InvalidTypeError, UnsupportedError
@@ -277,6 +277,8 @@ def make_drafting(
     """
     if drafter is not None:
         return RowDrafting(lambda: drafter, 1, drafter)
+    if calibrated:
+        options = calibrated_options(method, options)
     first = make_drafter(method, model, **options)
     pooled = (
         rows > 1 and method in POOL_METHODS and not getattr(first, "persistent", False) and not options.get("index")
