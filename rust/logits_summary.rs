@@ -77,6 +77,49 @@ pub fn logits_summary<T: Logit>(
     probs: &mut [f32],
     greedy: &mut [i64],
 ) -> Result<()> {
+    check(logits.len(), rows, vocab, k, scale, ids.len(), probs.len())?;
+    if greedy.len() != rows {
+        return Err(mismatch(rows, vocab, k));
+    }
+    dispatch(logits, vocab, k, scale, ids, Some(probs), greedy);
+    Ok(())
+}
+
+/// The top-k ids alone of `rows` rows of `vocab` logits (as [`logits_summary`]'s `ids`, without
+/// its exponentials: about a third of the time where nobody reads the probabilities).
+///
+/// # Errors
+/// `InvalidArgument` if `k` is not in `1..=vocab` or `ids` is not `rows * k` long.
+pub fn logits_topk<T: Logit>(
+    logits: &[T],
+    rows: usize,
+    vocab: usize,
+    k: usize,
+    ids: &mut [i64],
+) -> Result<()> {
+    check(logits.len(), rows, vocab, k, 1.0, ids.len(), ids.len())?;
+    let mut greedy = vec![0i64; rows];
+    dispatch(logits, vocab, k, 1.0, ids, None, &mut greedy);
+    Ok(())
+}
+
+fn mismatch(rows: usize, vocab: usize, k: usize) -> crate::error::Error {
+    invalid(
+        "logits",
+        format!("buffers do not match {rows} rows of {vocab} logits and k = {k}"),
+    )
+}
+
+/// The arguments' rules shared by [`logits_summary`] and [`logits_topk`].
+fn check(
+    logits: usize,
+    rows: usize,
+    vocab: usize,
+    k: usize,
+    scale: f32,
+    ids: usize,
+    probs: usize,
+) -> Result<()> {
     if vocab == 0 {
         return Err(invalid("logits", "rows must hold at least one logit"));
     }
@@ -92,17 +135,9 @@ pub fn logits_summary<T: Logit>(
             format!("must be finite and positive, got {scale}"),
         ));
     }
-    if rows.checked_mul(vocab) != Some(logits.len())
-        || rows.checked_mul(k) != Some(ids.len())
-        || ids.len() != probs.len()
-        || greedy.len() != rows
-    {
-        return Err(invalid(
-            "logits",
-            format!("buffers do not match {rows} rows of {vocab} logits and k = {k}"),
-        ));
+    if rows.checked_mul(vocab) != Some(logits) || rows.checked_mul(k) != Some(ids) || ids != probs {
+        return Err(mismatch(rows, vocab, k));
     }
-    dispatch(logits, vocab, k, scale, ids, probs, greedy);
     Ok(())
 }
 
@@ -128,7 +163,7 @@ fn dispatch<T: Logit>(
     k: usize,
     scale: f32,
     ids: &mut [i64],
-    probs: &mut [f32],
+    probs: Option<&mut [f32]>,
     greedy: &mut [i64],
 ) {
     #[cfg(target_arch = "x86_64")]
@@ -153,13 +188,13 @@ unsafe fn all_rows_avx2<T: Logit>(
     k: usize,
     scale: f32,
     ids: &mut [i64],
-    probs: &mut [f32],
+    probs: Option<&mut [f32]>,
     greedy: &mut [i64],
 ) {
     all_rows::<T, avx2::Avx2>(logits, vocab, k, scale, ids, probs, greedy);
 }
 
-/// Every row in turn, the lane loops of `K`.
+/// Every row in turn, the lane loops of `K`; the probabilities only where `probs` is given.
 #[inline(always)]
 fn all_rows<T: Logit, K: Kernel>(
     logits: &[T],
@@ -167,25 +202,32 @@ fn all_rows<T: Logit, K: Kernel>(
     k: usize,
     scale: f32,
     ids: &mut [i64],
-    probs: &mut [f32],
+    mut probs: Option<&mut [f32]>,
     greedy: &mut [i64],
 ) {
     let mut buf = [0.0f32; CHUNK];
     let mut top = TopK::new(k);
-    for (((row, row_ids), row_probs), row_greedy) in logits
+    for (index, (row, row_greedy)) in logits
         .chunks_exact(vocab)
-        .zip(ids.chunks_exact_mut(k))
-        .zip(probs.chunks_exact_mut(k))
         .zip(greedy.iter_mut())
+        .enumerate()
     {
         top.clear();
-        let lse = row_pass::<T, K>(row, scale, &mut top, &mut buf);
-        for j in 0..k {
+        let cells = index * k..(index + 1) * k;
+        let row_ids = &mut ids[cells.clone()];
+        if let Some(probs) = probs.as_deref_mut() {
+            let lse = row_pass::<T, K, true>(row, scale, &mut top, &mut buf);
+            for (p, &v) in probs[cells].iter_mut().zip(&top.values) {
+                *p = (v * scale - lse).exp();
+            }
+        } else {
+            row_pass::<T, K, false>(row, scale, &mut top, &mut buf);
+        }
+        for (id, &t) in row_ids.iter_mut().zip(&top.ids) {
             #[allow(clippy::cast_possible_wrap)] // ids < vocab, a slice length
             {
-                row_ids[j] = top.ids[j] as i64;
+                *id = t as i64;
             }
-            row_probs[j] = (top.values[j] * scale - lse).exp();
         }
         *row_greedy = row_ids[0];
     }
@@ -318,9 +360,10 @@ fn exp_nonpositive<const FMA: bool>(x: f32) -> f32 {
     y * pow2
 }
 
-/// One row: offers its logits to `top` and returns the logsumexp of `row * scale`.
+/// One row: offers its logits to `top` and returns the logsumexp of `row * scale` (with
+/// `LSE`; without it no exponential is computed and the value returned means nothing).
 #[inline(always)]
-fn row_pass<T: Logit, K: Kernel>(
+fn row_pass<T: Logit, K: Kernel, const LSE: bool>(
     row: &[T],
     scale: f32,
     top: &mut TopK,
@@ -343,8 +386,8 @@ fn row_pass<T: Logit, K: Kernel>(
         if !top.full() || cmax > top.threshold() {
             K::offer_above(buf, base, top);
         }
-        if nan {
-            continue; // the logsumexp is NaN anyway
+        if nan || !LSE {
+            continue; // the logsumexp is NaN anyway, or not wanted
         }
         let cm = cmax * scale;
         if cm > m {
@@ -783,7 +826,15 @@ mod tests {
         let r = row(8, 49152, 100_000, 30.0);
         let (ids, probs, greedy) = run(&r, 8, 1.0);
         let (mut ids2, mut probs2, mut greedy2) = (vec![0; 8], vec![0.0; 8], vec![0]);
-        all_rows::<f32, Portable>(&r, r.len(), 8, 1.0, &mut ids2, &mut probs2, &mut greedy2);
+        all_rows::<f32, Portable>(
+            &r,
+            r.len(),
+            8,
+            1.0,
+            &mut ids2,
+            Some(&mut probs2),
+            &mut greedy2,
+        );
         assert_eq!((ids, greedy), (ids2, greedy2[0]));
         for (p, q) in probs.iter().zip(&probs2) {
             assert!((p - q).abs() <= 1e-6 * q);
@@ -802,6 +853,26 @@ mod tests {
             );
             x -= 0.013;
         }
+    }
+
+    #[test]
+    fn topk_alone_gives_the_summary_ids() {
+        for (seed, len, k) in [(11, 49152, 8), (12, 700, 3), (13, 5, 5)] {
+            let mut r = row(seed, len, 50, 10.0);
+            if len > 600 {
+                r[600] = f32::NAN; // NaN still ranks first
+            }
+            let (want, _, _) = run(&r, k, 1.0);
+            let mut ids = vec![0; k];
+            logits_topk(&r, 1, len, k, &mut ids).unwrap();
+            assert_eq!(ids, want, "len {len} k {k}");
+        }
+        let bits: Vec<u16> = vec![0x3F80, 0x4000, 0xBF80, 0x4000];
+        let mut ids = vec![0; 2];
+        logits_topk(&bits, 1, 4, 2, &mut ids).unwrap();
+        assert_eq!(ids, vec![1, 3]);
+        assert!(logits_topk(&bits, 1, 4, 5, &mut [0; 5]).is_err());
+        assert!(logits_topk(&bits, 2, 4, 1, &mut [0; 1]).is_err());
     }
 
     #[test]

@@ -23,7 +23,7 @@ mod _native {
     #[pymodule_export]
     use super::edge_cells::{edge_cell_groups, edge_cell_priors, edge_cell_shared_counterparts};
     #[pymodule_export]
-    use super::logits_summary::logits_summary;
+    use super::logits_summary::{logits_summary, logits_topk};
     #[pymodule_export]
     use super::logits_table::PyLogitsTable;
     #[pymodule_export]

@@ -20,7 +20,7 @@ from hypothesis import strategies as st  # noqa: E402
 from racer_rs import _native  # noqa: E402
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, RacerError  # noqa: E402
 from racer_rs.target import sampling  # noqa: E402
-from racer_rs.target.sampling import logits_summary  # noqa: E402
+from racer_rs.target.sampling import logits_summary, topk_ids  # noqa: E402
 
 Summary = Callable[[Any, int, float], tuple[Any, Any, Any]]
 NATIVE_DTYPES = (torch.bfloat16, torch.float32)
@@ -116,6 +116,54 @@ def test_summary_agrees_with_torch(
     check_summary(logits_summary, logits, k, temperature)
 
 
+def ids_alone(ids_of: Callable[[Any, int], Any]) -> Summary:
+    """A summary made of an ids-only function: torch's probabilities of its ids and its first id
+    as the argmax (torch's own where ``torch.topk`` orders ties), so that :func:`check_summary`
+    judges the ids alone."""
+
+    def summary(logits: Any, k: int, temperature: float) -> tuple[Any, Any, Any]:
+        ids = ids_of(logits, k)
+        greedy = ids[..., 0] if logits.dtype in NATIVE_DTYPES else logits.max(dim=-1).indices
+        return ids, oracle_probs(logits, ids, temperature), greedy
+
+    return summary
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.sampled_from([(1,), (3,), (2, 3), (16, 1), (0,)]),
+    vocab=st.sampled_from([1, 7, 9, 511, 513, 4000]),
+    k=st.integers(1, 12),
+    dtype=st.sampled_from((*NATIVE_DTYPES, torch.float16)),
+    ties=st.sampled_from([2, 5, 30, 0]),
+    seed=st.integers(0, 2**16),
+)
+def test_topk_ids_are_the_summary_ids(
+    shape: tuple[int, ...], vocab: int, k: int, dtype: torch.dtype, ties: int, seed: int
+) -> None:
+    k = min(k, vocab)
+    if ties:
+        logits = tied_logits(shape, vocab, dtype, seed, ties)
+    else:
+        logits = (4 * torch.randn(*shape, vocab, generator=torch.Generator().manual_seed(seed))).to(dtype)
+    check_summary(ids_alone(topk_ids), logits, k, 1.0)
+    if dtype in NATIVE_DTYPES:
+        assert torch.equal(topk_ids(logits, k), logits_summary(logits, k, 1.0)[0])
+
+
+@pytest.mark.parametrize("dtype", NATIVE_DTYPES)
+def test_topk_ids_take_nan_first_and_fail_when_broken(dtype: torch.dtype) -> None:
+    logits = tied_logits((16, 2), 3000, dtype, 7, 6)
+    logits[3, 1, 2500] = float("nan")
+    check_summary(ids_alone(topk_ids), logits, 8, 1.0)
+    assert topk_ids(logits, 8)[3, 1, 0] == 2500
+    last_dropped = ids_alone(lambda x, k: torch.cat([topk_ids(x, k + 1)[..., : k - 1], topk_ids(x, k + 1)[..., k:]], -1))
+    highest_first = ids_alone(lambda x, k: x.shape[-1] - 1 - topk_ids(x.flip(-1), k))
+    for broken, message in ((last_dropped, "values|lowest ids"), (highest_first, "argmax|lowest ids|id order")):
+        with pytest.raises(AssertionError, match=message):
+            check_summary(broken, logits, 8, 1.0)
+
+
 @pytest.mark.parametrize("dtype", NATIVE_DTYPES)
 def test_a_vocabulary_row_of_a_real_size(dtype: torch.dtype) -> None:
     generator = torch.Generator().manual_seed(3)
@@ -209,6 +257,13 @@ def _rows(dtype: Any = np.float32, shape: tuple[int, ...] = (3, 10)) -> np.ndarr
         (lambda: _native.logits_summary(_rows(), 2, float("inf")), InvalidArgumentError, "scale"),
         (lambda: _native.logits_summary(_rows(), 2, 1e300), InvalidArgumentError, "scale"),
         (lambda: _native.logits_summary(_rows(), 2, "1"), InvalidTypeError, "scale"),
+        (lambda: _native.logits_topk(_rows(np.float64), 2), InvalidTypeError, "dtype"),
+        (lambda: _native.logits_topk(_rows(shape=(10,)), 2), InvalidArgumentError, "2-D"),
+        (lambda: _native.logits_topk(_rows(), 0), InvalidArgumentError, "k"),
+        (lambda: _native.logits_topk(_rows(), 11), InvalidArgumentError, "k"),
+        (lambda: _native.logits_topk(_rows(), 2, 1.0), TypeError, "argument"),
+        (lambda: _native.logits_topk(_rows(shape=(20, 3)).T, 2), InvalidArgumentError, "contiguous"),
+        (lambda: topk_ids(torch.zeros(3, 10), 11), InvalidArgumentError, "k"),
         (lambda: logits_summary(torch.zeros(3, 10), 0, 1.0), InvalidArgumentError, "k"),
         (lambda: logits_summary(torch.zeros(3, 10), 11, 1.0), InvalidArgumentError, "k"),
     ],

@@ -48,15 +48,14 @@ def topk_rows(logits: Any, k: int, with_probs: bool) -> tuple[Any, Any]:
     """Top-``k`` ids of ``[rows, vocab]`` logits (a torch tensor, left on its device) and, when
     asked, their probabilities under ``softmax(logits)`` (float32), else ``None``.
 
-    Through :func:`racer_rs.target.sampling.logits_summary` (on the CPU one pass of the Rust
-    kernel, equal logits ordered by id: a CPU server's proposer spent 0.4-1.2 ms a step in
-    torch's ``topk`` and ``logsumexp`` at 1-8 requests); ids alone elsewhere are one ``topk``.
+    On the CPU one pass of the Rust kernel per row, equal logits ordered by id (a CPU server's
+    proposer spent 0.4-1.2 ms a step in torch's ``topk`` and ``logsumexp`` at 1-8 requests):
+    :func:`racer_rs.target.sampling.logits_summary` with probabilities,
+    :func:`racer_rs.target.sampling.topk_ids` (no exponentials) without.
     """
-    import torch
+    from racer_rs.target.sampling import logits_summary, topk_ids
 
-    from racer_rs.target.sampling import logits_summary
-
-    if with_probs or logits.device.type == "cpu":
+    if with_probs:
         ids, probs, _ = logits_summary(logits, k, 1.0)
-        return ids, probs if with_probs else None
-    return torch.topk(logits, k, dim=-1).indices, None
+        return ids, probs
+    return topk_ids(logits, k), None

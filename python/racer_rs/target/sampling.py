@@ -44,6 +44,18 @@ _MIN_NATIVE_SCALE = float(torch.finfo(torch.float32).tiny)
 _MAX_NATIVE_SCALE = float(torch.finfo(torch.float32).max)
 
 
+def topk_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``int64[..., k]`` ids of the k largest logits of every row, largest first: on the CPU
+    (bfloat16 or float32) the Rust kernel's pass without the exponentials of
+    :func:`logits_summary` (equal logits ordered by id), elsewhere ``torch.topk``."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.bfloat16, torch.float32) and logits.dim() >= 1:
+        lead = logits.shape[:-1]
+        rows = logits.detach().reshape(-1, logits.shape[-1]).contiguous()
+        array = rows.view(torch.int16).numpy() if rows.dtype == torch.bfloat16 else rows.numpy()
+        return torch.from_numpy(_native.logits_topk(array, k)).view(*lead, k)
+    return torch.topk(logits, k, dim=-1).indices
+
+
 def logits_summary(logits: torch.Tensor, k: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The top-k ids of every row of ``[..., V]`` logits, their probabilities under
     ``softmax(logits / T)`` and the row's argmax, as a decode step needs them.
