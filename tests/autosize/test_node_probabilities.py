@@ -122,6 +122,52 @@ def test_retrieval_nodes_carry_the_count_estimate_of_their_parent_string(stream,
         assert probabilities[node] == pytest.approx(expected, rel=1e-5)
 
 
+def observe_and_read(calibration: EdgeCalibration, rounds: list[list[tuple[int, int, int]]]) -> None:
+    """Counts ``(cell, tried, accepted)`` round by round, reading the probabilities after each
+    round (each read refits only the groups counted in since the last)."""
+    for counts in rounds:
+        for cell, tried, accepted in counts:
+            calibration.observe(np.full(tried, cell), np.arange(tried) < accepted)
+        calibration.probabilities()
+
+
+count_rounds = st.lists(
+    st.lists(
+        st.tuples(st.integers(0, EDGE_CELLS - 1), st.integers(1, 20), st.integers(0, 20)).map(
+            lambda c: (c[0], c[1], min(c[1], c[2]))
+        ),
+        max_size=6,
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(count_rounds)
+def test_refitting_the_counted_groups_gives_the_whole_fit(rounds):
+    calibration = EdgeCalibration()
+    observe_and_read(calibration, rounds)
+    assert np.allclose(calibration.probabilities(), calibrated_oracle(calibration), atol=1e-6)
+
+
+def test_a_refit_that_forgets_the_counted_groups_fails_the_check(monkeypatch):
+    rounds = [[(120, 10, 9)], [(121, 10, 1), (5, 4, 0)]]  # two cells of one group, then one alone
+    calibration = EdgeCalibration()
+    observe_and_read(calibration, rounds)
+    assert np.allclose(calibration.probabilities(), calibrated_oracle(calibration), atol=1e-6)
+    original = EdgeCalibration.observe
+
+    def observe_unmarked(self, cells, accepted):
+        original(self, cells, accepted)
+        self._stale[:] = False  # the counts change, no group is marked for the refit
+
+    monkeypatch.setattr(EdgeCalibration, "observe", observe_unmarked)
+    broken = EdgeCalibration()
+    observe_and_read(broken, rounds)
+    assert not np.allclose(broken.probabilities(), calibrated_oracle(broken), atol=1e-6)
+
+
 @settings(max_examples=80, deadline=None)
 @given(calibrations())
 def test_the_calibration_is_the_isotonic_fit_of_the_smoothed_counts(calibration):
