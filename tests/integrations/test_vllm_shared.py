@@ -29,6 +29,10 @@ def test_deepest_path():
     assert deepest_path(np.array([-1])).tolist() == []
     assert deepest_path(np.array([-1, 0, 0, 1, 2, 3])).tolist() == [1, 3, 5]
     assert deepest_path(np.array([-1, 0, 0, 1, 2])).tolist() == [1, 3]  # first deepest in BFS order
+    parents = np.array([-1, 0, 0, 1, 2, 3, 0])
+    assert (
+        deepest_path(parents, np.array([0, 1, 1, 2, 2, 3, 1])).tolist() == deepest_path(parents).tolist() == [1, 3, 5]
+    )
 
 
 class Batch:

@@ -386,7 +386,7 @@ class RacerProposer:
         for j, request in enumerate(requests):
             context = request.context()
             tree = self.shared.retrieve(request.root, self.capacity, context[-1 - context_tokens : -1])
-            chain = deepest_path(tree.parents)[: self.k]
+            chain = deepest_path(tree.parents, tree.depths)[: self.k]
             if len(chain) == 0:
                 continue
             cells_own = tree.cells[chain]
@@ -515,13 +515,17 @@ class RacerProposer:
         self.stats["logit_steps"] += 1
 
 
-def deepest_path(parents: np.ndarray) -> np.ndarray:
+def deepest_path(parents: np.ndarray, depths: np.ndarray | None = None) -> np.ndarray:
     """A tree's deepest root-to-leaf path (its first deepest node in BFS order), as node
-    indices after the root (empty for a lone root). ``parents``: BFS order, ``-1`` at the root."""
+    indices after the root (empty for a lone root). ``parents``: BFS order, ``-1`` at the root;
+    ``depths``: the nodes' depths when known (a :class:`racer_rs.DraftTree`'s)."""
     parents = np.asarray(parents, dtype=np.int64)
-    depth = np.zeros(len(parents), dtype=np.int64)
-    for node in range(1, len(parents)):
-        depth[node] = depth[parents[node]] + 1
+    if depths is None:
+        depth = np.zeros(len(parents), dtype=np.int64)
+        for node in range(1, len(parents)):
+            depth[node] = depth[parents[node]] + 1
+    else:
+        depth = np.asarray(depths)
     node = int(np.argmax(depth)) if len(parents) else 0
     path = []
     while node > 0:
