@@ -141,6 +141,19 @@ class Automaton:
     def extend(self, tokens: _TokenArray) -> None:
         """Append tokens to the context and count every new substring of length 1..ngram."""
 
+    def extend_after(self, lead: _TokenArray, tokens: _TokenArray) -> None:
+        """Append ``tokens`` to the sequence whose last tokens are ``lead``, in place of the
+        current one: counts every substring (length 1..ngram) of ``lead + tokens`` that ends at
+        a token of ``tokens``, as far as ``lead``'s own substrings are indexed (they are when
+        the sequence was fed from its start, less what was evicted since). Running requests
+        can so feed one shared index in turns, each passing its own last ``ngram - 1`` tokens
+        as ``lead``: the counts are what extending each request's sequence alone would give.
+        The sequence continued afterwards (by ``extend``) is ``lead + tokens``.
+
+        Raises:
+            ValueError: a negative token id in ``lead`` or ``tokens`` (nothing changes).
+        """
+
     def new_sequence(self) -> None:
         """Start a new request: later substrings never span this boundary; the index is kept."""
 

@@ -614,9 +614,13 @@ impl Automaton {
         if n.alive && n.generation == self.state_generation {
             return;
         }
-        let recent: Vec<u32> = self.recent.iter().copied().collect();
-        self.state = (0..recent.len())
-            .find_map(|start| self.find(&recent[start..]))
+        self.relocate_state();
+    }
+
+    /// The match state from the recent tokens: the node of their longest indexed suffix.
+    fn relocate_state(&mut self) {
+        self.state = (0..self.recent.len())
+            .find_map(|start| (self.recent.range(start..)).try_fold(ROOT, |u, &t| self.child(u, t)))
             .unwrap_or(ROOT);
         self.state_generation = self.nodes[self.state as usize].generation;
     }
@@ -624,6 +628,34 @@ impl Automaton {
     /// The node spelling `pattern`, if present.
     fn find(&self, pattern: &[u32]) -> Option<u32> {
         pattern.iter().try_fold(ROOT, |u, &t| self.child(u, t))
+    }
+
+    /// Append `tokens` to the sequence whose last tokens are `lead`, in place of the current
+    /// one: every substring of length `1..=ngram` of `lead + tokens` that ends at a token of
+    /// `tokens` is counted, none that ends in `lead`, as far as `lead`'s own substrings are
+    /// indexed (the trie is prefix-closed: they are when the sequence was fed from its start,
+    /// less what was evicted since). Many sequences can so be extended in turns (a shared index
+    /// fed by running requests, each passing its own last `ngram - 1` tokens), counting what
+    /// extending each one on its own would. The sequence continued afterwards is
+    /// `lead + tokens`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if a token of `lead` or `tokens` is negative; nothing changes then.
+    pub fn extend_after(&mut self, lead: &[i32], tokens: &[i32]) -> Result<()> {
+        if let Some(t) = lead.iter().find(|&&t| t < 0) {
+            return Err(invalid("lead", format!("token ids must be >= 0, got {t}")));
+        }
+        if let Some(t) = tokens.iter().find(|&&t| t < 0) {
+            return Err(invalid(
+                "tokens",
+                format!("token ids must be >= 0, got {t}"),
+            ));
+        }
+        self.recent.clear();
+        let tail = &lead[lead.len().saturating_sub(self.ngram)..];
+        self.recent.extend(tail.iter().map(|&t| t as u32));
+        self.relocate_state();
+        self.extend(tokens)
     }
 
     /// Start a new request: later substrings never span this boundary; the index is kept.

@@ -544,3 +544,77 @@ fn a_node_moves_its_children_to_the_map_and_back() {
     b.check_integrity().unwrap();
     assert_eq!(b.to_bytes(), a.to_bytes());
 }
+
+/// Every substring count of `a` up to `ngram` over a small alphabet.
+fn all_counts(a: &Automaton, alphabet: i32) -> Vec<u64> {
+    let mut counts = vec![];
+    for len in 1..=a.ngram() as u32 {
+        for p in 0..alphabet.pow(len) {
+            let pattern: Vec<i32> = (0..len).map(|i| (p / alphabet.pow(i)) % alphabet).collect();
+            counts.push(a.count(&pattern).unwrap());
+        }
+    }
+    counts
+}
+
+#[test]
+fn sequences_extended_in_turns_count_what_each_alone_would() {
+    let (ngram, alphabet) = (4, 4);
+    let mut seed = 5;
+    let streams: Vec<Vec<i32>> = (0..4)
+        .map(|_| {
+            (0..120)
+                .map(|_| (lcg(&mut seed) % alphabet as u32) as i32)
+                .collect()
+        })
+        .collect();
+    // In turns: each stream's next chunk after its own last ngram - 1 tokens.
+    let mut turns = Automaton::new(ngram, 100_000, 1).unwrap();
+    let mut done = vec![0usize; streams.len()];
+    while done.iter().zip(&streams).any(|(d, s)| *d < s.len()) {
+        let i = (lcg(&mut seed) as usize) % streams.len();
+        let end = (done[i] + 1 + (lcg(&mut seed) as usize) % 5).min(streams[i].len());
+        let lead = &streams[i][done[i].saturating_sub(ngram - 1)..done[i]];
+        turns.extend_after(lead, &streams[i][done[i]..end]).unwrap();
+        done[i] = end;
+    }
+    turns.check_integrity().unwrap();
+    let mut alone = Automaton::new(ngram, 100_000, 1).unwrap();
+    feed(&mut alone, &streams);
+    assert_eq!(all_counts(&turns, alphabet), all_counts(&alone, alphabet));
+    for len in 1..=ngram {
+        let pattern: Vec<i32> = streams[2][10..10 + len].to_vec();
+        assert_eq!(
+            turns.count(&pattern).unwrap(),
+            brute_count(&streams, &pattern)
+        );
+    }
+    // Its counterpart, plain `extend` in turns, counts substrings that span two streams.
+    let mut spliced = Automaton::new(ngram, 100_000, 1).unwrap();
+    for chunk in streams.iter().flat_map(|s| s.chunks(7)) {
+        spliced.extend(chunk).unwrap();
+    }
+    assert_ne!(all_counts(&spliced, alphabet), all_counts(&alone, alphabet));
+}
+
+#[test]
+fn extending_after_a_lead_under_eviction_keeps_every_invariant() {
+    let mut seed = 9;
+    let mut a = Automaton::new(5, 40, 1).unwrap();
+    let mut streams = vec![vec![]; 3];
+    for _ in 0..2000 {
+        let i = (lcg(&mut seed) as usize) % 3;
+        let t = (lcg(&mut seed) % 6) as i32;
+        let s: &mut Vec<i32> = &mut streams[i];
+        a.extend_after(&s[s.len().saturating_sub(4)..], &[t])
+            .unwrap();
+        s.push(t);
+        assert!(a.len() <= a.capacity());
+        let tail = &s[s.len().saturating_sub(5)..];
+        assert!(a.count(&tail[tail.len() - 1..]).unwrap() >= 1);
+    }
+    a.check_integrity().unwrap();
+    assert!(a.extend_after(&[-1], &[1]).is_err());
+    assert!(a.extend_after(&[1], &[-1]).is_err());
+    a.check_integrity().unwrap();
+}

@@ -165,6 +165,32 @@ impl PyAutomaton {
         Ok(py.detach(|| self.inner.write().extend(slice))?)
     }
 
+    /// Append tokens to the sequence whose last tokens are `lead`, in place of the current
+    /// one (a shared index fed by many running requests in turns; see the stub).
+    #[pyo3(signature = (lead = Given::MISSING, tokens = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, lead, tokens)")]
+    fn extend_after(
+        &self,
+        py: Python<'_>,
+        lead: Given<'_>,
+        tokens: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        const SIGNATURE: Signature<2, 0> =
+            Signature::new("Automaton.extend_after", ["lead", "tokens"], [], &[]);
+        let ([lead, tokens], []) = SIGNATURE.bind([lead, tokens], [], extra, kwargs)?;
+        let l = token_arg(&lead, "lead")?;
+        let t = token_arg(&tokens, "tokens")?;
+        let (lead, tokens) = (l.as_slice(), t.as_slice());
+        if tokens.len() < DETACH_MIN_TOKENS {
+            if let Some(mut a) = self.inner.try_write() {
+                return Ok(a.extend_after(lead, tokens)?);
+            }
+        }
+        Ok(py.detach(|| self.inner.write().extend_after(lead, tokens))?)
+    }
+
     #[pyo3(signature = (*extra, **kwargs))]
     #[pyo3(text_signature = "($self)")]
     fn new_sequence(
