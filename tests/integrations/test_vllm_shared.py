@@ -1,7 +1,8 @@
 """The vLLM proposer's automaton shared across requests: a finished request's output is drafted
-for a later request that starts repeating it (its own tree has nothing there), nothing is drafted
-from it when it is off (``shared_nodes = 0``), and :func:`deepest_path` is a tree's deepest
-root-to-leaf path."""
+for a later request that starts repeating it (its own tree has nothing there), a running
+request's for another running one (not with ``shared_running`` off), each request counted as a
+sequence of its own, nothing is drafted from it when it is off (``shared_nodes = 0``), and
+:func:`deepest_path` is a tree's deepest root-to-leaf path."""
 
 from __future__ import annotations
 
@@ -92,4 +93,51 @@ def test_nothing_is_drafted_without_the_shared_automaton(engine_free):
 
     proposer, drafts, _ = repeat_an_earlier_output(Unshared)
     assert proposer.shared is None and proposer.stats["shared_chains"] == 0
+    assert all(d == [] for d in drafts), drafts
+
+
+def follow_a_running_request(proposer_class: type[RacerProposer]) -> tuple[RacerProposer, list[list[int]], list[int]]:
+    """Requests A and B run side by side (rows 0 and 1, other prompts): A generates 40 distinct
+    tokens, B the same output 12 steps behind. Returns B's drafts per step (A still running)."""
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=K),
+        model_config=SimpleNamespace(max_model_len=MAX_LEN, get_vocab_size=lambda: VOCAB),
+    )
+    proposer = proposer_class(config, options=ServingOptions(use_logits=False))
+    batch = Batch(proposer)
+    tokens = np.random.default_rng(1).permutation(VOCAB)[:200].tolist()
+    prompt_a, output, prompt_b = tokens[:30], tokens[30:70], tokens[70:100]
+    a = prompt_a + output[:1]
+    batch.step([a], [output[:1]])
+    for token in output[1:12]:
+        a = [*a, token]
+        batch.step([a], [[token]])
+    drafts = []
+    a, b = [*a, output[12]], prompt_b + output[:1]
+    drafts.append(batch.step([a, b], [[output[12]], output[:1]])[1])  # B's prefill
+    for step, token in enumerate(output[1:12], start=1):
+        a, b = [*a, output[12 + step]], [*b, token]
+        drafts.append(batch.step([a, b], [[output[12 + step]], [token]])[1])
+    return proposer, drafts, output
+
+
+def test_a_running_requests_output_is_drafted_for_another_running_request(engine_free):
+    proposer, drafts, output = follow_a_running_request(RacerProposer)
+    assert proposer.stats["shared_chains"] > 0
+    for step, drafted in enumerate(drafts[2:], start=2):
+        assert len(drafted) > 0, (step, drafts)
+        assert drafted == output[step + 1 : step + 1 + len(drafted)], (step, drafted)
+    # Each request's tokens are counted as its own sequence: no bigram spans two requests.
+    shared = proposer.shared
+    assert shared is not None
+    assert shared.count(output[3:5]) == 2 and shared.count(output[11:13]) == 1
+    assert shared.count([output[11], output[1]]) == 0  # A's last token before B's second
+
+
+def test_running_outputs_are_not_shared_when_off(engine_free):
+    class FinishedOnly(RacerProposer):
+        shared_running = False
+
+    proposer, drafts, _ = follow_a_running_request(FinishedOnly)
+    assert proposer.stats["shared_chains"] == 0
     assert all(d == [] for d in drafts), drafts

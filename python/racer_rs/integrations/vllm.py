@@ -82,6 +82,7 @@ class _Request:
     length: int
     drafting: bool  # False: a token outside the vocabulary
     output: int = 0  # tokens[output:length] are what the engine generated (as far as known)
+    shared: int = 0  # tokens[output:shared] are in the shared automaton
     root: int = 0
     chain: list[int] = field(default_factory=list)  # drafted at the last call, after root
     # The best chain's tokens and edge cells at the last call (chain is a prefix of it).
@@ -104,11 +105,13 @@ class _Request:
 class RacerProposer:
     """vLLM's ``custom_class`` proposer drafting RACER chains.
 
-    Besides each request's own tree, every request may retrieve from an automaton of the
-    outputs of the requests that finished before it (:attr:`shared`, at most
-    :attr:`shared_nodes` nodes, LRU): a request verifies that chain instead of its own when the
-    calibrated edges expect more accepted tokens from it (its edges have the shared-retrieval
-    cells, so calibration learns how reliable cross-request continuations are).
+    Besides each request's own tree, every request may retrieve from an automaton of every
+    request's output (:attr:`shared`, at most :attr:`shared_nodes` nodes, LRU), the running
+    requests' included as they are generated (as suffix decoding's global tree does; with
+    :attr:`shared_running` off, only the outputs of requests that finished): a request
+    verifies that chain instead of its own when the calibrated edges expect more accepted
+    tokens from it (its edges have the shared-retrieval cells, so calibration learns how
+    reliable cross-request continuations are).
 
     Args:
         vllm_config: vLLM's config; read: ``speculative_config.num_speculative_tokens`` (k),
@@ -123,6 +126,8 @@ class RacerProposer:
 
     #: Node budget of the automaton shared across requests (0: none).
     shared_nodes: int = 200_000
+    #: Running requests' outputs join the shared automaton step by step (else at their end).
+    shared_running: bool = True
 
     def __init__(self, vllm_config: Any, *, options: ServingOptions | None = None) -> None:
         optional_deps.require("vllm", "racer_rs.integrations.vllm.RacerProposer")
@@ -271,6 +276,9 @@ class RacerProposer:
             if request.key not in claimed:
                 self._finish(pool, request)
         self._rows = rows
+        if self.shared is not None and self.shared_running:
+            for request in rows.values():
+                self._share(request)
         if timed and continued:
             self._time_step(now, logit_rows)
         self._learn(continued)
@@ -400,12 +408,21 @@ class RacerProposer:
             self.stats["shared_chains"] += 1
 
     def _finish(self, pool: DraftPool, request: _Request) -> None:
-        """Free a request no row continued; its output joins the shared automaton."""
+        """Free a request no row continued; what the shared automaton lacks of its output
+        joins it."""
         if request.key in pool:
             pool.remove(request.key)
-        if self.shared is not None and request.drafting and request.length > request.output:
-            self.shared.extend(request.tokens[request.output : request.length])
-            self.shared.new_sequence()
+        self._share(request)
+
+    def _share(self, request: _Request) -> None:
+        """Add the request's output tokens the shared automaton lacks, after its own last
+        ``ngram - 1`` output tokens there (many requests extend it in turns)."""
+        start = max(request.shared, request.output)
+        if self.shared is None or not request.drafting or request.length <= start:
+            return
+        lead = request.tokens[max(request.output, start - self.shared.ngram + 1) : start]
+        self.shared.extend_after(lead, request.tokens[start : request.length])
+        request.shared = request.length
 
     def _budget(self, n: int) -> int:
         if self.max_model_len is None:
