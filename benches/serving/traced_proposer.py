@@ -68,3 +68,9 @@ class UnsharedProposer(RacerProposer):
     """RacerProposer without the automaton shared across requests (each request's own tree)."""
 
     shared_nodes = 0
+
+
+class FinishedOnlyProposer(RacerProposer):
+    """RacerProposer sharing only finished requests' outputs (not the running ones')."""
+
+    shared_running = False

@@ -6,7 +6,10 @@ first turns and HumanEval tasks (chat template, greedy). Each server is warmed u
 than the measured ones, and each concurrency level measures its own prompts, the same for every
 method, so no method's cache (suffix's global tree) has seen a measured answer. With
 ``--suffix-warm`` the suffix server then answers the concurrency-1 prompts a second time: its warm
-cross-request figure, reported on its own line.
+cross-request figure, reported on its own line. With ``--rounds R`` every method's server is up at
+once (one port each, about 4 GB each) and each level runs R times, every round on new prompts and
+with the methods in alternating order: this shared machine's speed drifts by a fifth between
+minutes, and one server after another puts that drift between the methods.
 
 Reported per method and concurrency: output tokens per second (all requests over the level's
 wall time), time per output token (request latency over its output tokens; mean with a 95%
@@ -17,7 +20,7 @@ equal no speculation's, and for RacerProposer its own milliseconds per step (fro
 
 Run inside the environment of ``.ci/vllm_stage.sh`` (``VLLM_STAGE_SETUP_ONLY=1
 VLLM_STAGE_SUFFIX=1 .ci/vllm_stage.sh WHEEL DIR``, then ``DIR/venv/bin/python`` this file). One
-server at a time, about 4 GB; traffic goes to 127.0.0.1 only. The command that reproduces a run is
+server at a time (without ``--rounds``), about 4 GB; traffic goes to 127.0.0.1 only. The command that reproduces a run is
 printed first.
 """
 
@@ -67,7 +70,7 @@ def load_prompts(tokenizer: Any, per_set: int, skip: int) -> list[list[int]]:
 class Server:
     """One vLLM API server process; its output goes to a log file."""
 
-    def __init__(self, args: argparse.Namespace, method: str, log: Path) -> None:
+    def __init__(self, args: argparse.Namespace, method: str, log: Path, port: int | None = None) -> None:
         spec: dict[str, Any] | None = None
         variant = args.variants.get(method)
         racer_options: dict[str, Any] = {"log_every": 20}
@@ -84,7 +87,7 @@ class Server:
                 spec |= {"prompt_lookup_min": 2, "prompt_lookup_max": 5}
         cmd = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
-            "--host", "127.0.0.1", "--port", str(args.port), "--dtype", args.dtype, "--enforce-eager",
+            "--host", "127.0.0.1", "--port", str(port or args.port), "--dtype", args.dtype, "--enforce-eager",
             "--max-model-len", "2048", "--max-num-seqs", str(max(args.concurrency)), "--no-enable-prefix-caching",
             "--no-async-scheduling", "--seed", "0",
         ]  # fmt: skip
@@ -96,8 +99,12 @@ class Server:
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
         )
-        self.url = f"http://127.0.0.1:{args.port}"
-        deadline = time.monotonic() + args.start_timeout
+        self.url = f"http://127.0.0.1:{port or args.port}"
+        self.method, self.start_timeout = method, args.start_timeout
+
+    def wait_ready(self) -> None:
+        log, method = self.log, self.method
+        deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{method} server exited ({self.proc.returncode}); see {log}")
@@ -108,7 +115,7 @@ class Server:
             except OSError:
                 time.sleep(2)
         self.stop()
-        raise RuntimeError(f"{method} server did not start in {args.start_timeout} s; see {log}")
+        raise RuntimeError(f"{method} server did not start in {self.start_timeout} s; see {log}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -268,6 +275,14 @@ def main() -> int:
     parser.add_argument("--suffix-warm", action="store_true", help="suffix: repeat level 1's prompts (labelled)")
     parser.add_argument("--out", default="benches/out/vllm_cpu", help="folder for server logs and results.json")
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="all methods' servers up at once (ports from --port on), each level run ROUNDS times, "
+        "each round on its own prompts and with the methods in alternating order, so that the "
+        "machine's drift falls on every method alike (0: one server at a time, one round)",
+    )
+    parser.add_argument(
         "--combine", nargs="+", metavar="RESULTS", help="print the table of earlier runs' results.json together"
     )
     parser.add_argument(
@@ -288,8 +303,10 @@ def main() -> int:
     if args.combine:
         runs = [json.loads(Path(path).read_text()) for path in args.combine]
         for path, run in zip(args.combine, runs, strict=True):
-            print(f"{path}: load average {run.get('load', '?')}, methods {list(run['raw'])}")
-        print_table(tabulate([run["raw"] for run in runs]))
+            rounds_of = run.get("runs", [run.get("raw")])
+            run_load = run.get("load", "?")
+            print(f"{path}: load average {run_load}, {len(rounds_of)} round(s), methods {list(rounds_of[0])}")
+        print_table(tabulate([raw for run in runs for raw in run.get("runs", [run.get("raw")])]))
         return 0
     if args.model is None:
         from racer_rs.loading.models import checkpoint_folder, resolve_model
@@ -299,22 +316,30 @@ def main() -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     warmup = load_prompts(tokenizer, args.warmup, 0)
-    levels, skip = {}, args.warmup
-    for c in args.concurrency:  # each level its own prompts, at least `waves` batches of c
-        per_set = max(args.prompts, -(-args.waves * c // 2))
-        levels[c] = load_prompts(tokenizer, per_set, skip)
-        skip += per_set
+    rounds: list[dict[int, list[list[int]]]] = []
+    skip = args.warmup
+    for _ in range(max(args.rounds, 1)):
+        levels = {}
+        for c in args.concurrency:  # each level its own prompts, at least `waves` batches of c
+            per_set = max(args.prompts, -(-args.waves * c // 2))
+            levels[c] = load_prompts(tokenizer, per_set, skip)
+            skip += per_set
+        rounds.append(levels)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     print(f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}", flush=True)
-    print("prompts per level:", {c: len(p) for c, p in levels.items()}, flush=True)
-    raw: dict[str, dict[str, Any]] = {}
+    print("prompts per level:", {c: len(p) for c, p in rounds[0].items()}, "rounds:", len(rounds), flush=True)
     # A SIGTERM (e.g. from `timeout`) unwinds through `finally`, so no server outlives the run.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.rounds:
+        return run_rounds(args, methods, rounds, warmup, out, load)
+    levels = rounds[0]
+    raw: dict[str, dict[str, Any]] = {}
     for method in methods:
         server = Server(args, method, out / f"server_{method}.log")
         try:
+            server.wait_ready()
             run_level(server, warmup, 2, args.max_tokens)
             raw[method] = {str(c): run_level(server, levels[c], c, args.max_tokens) for c in args.concurrency}
             if method == "suffix" and args.suffix_warm:
@@ -329,6 +354,43 @@ def main() -> int:
         result = {"args": vars(args), "load": loads, "raw": raw, "table": table}
         (out / "results.json").write_text(json.dumps(result, indent=1))
         print_table(table)
+    print(f"load average: {loads}")
+    return 0
+
+
+def run_rounds(
+    args: argparse.Namespace,
+    methods: list[str],
+    rounds: list[dict[int, list[list[int]]]],
+    warmup: list[list[int]],
+    out: Path,
+    load: tuple[float, float, float],
+) -> int:
+    """Every method's server at once; per round and level, each method in turn (the order
+    reversed every other round) on that round's prompts. Each round is a run of its own in
+    ``results.json`` (``runs``), so the table's ratios are each round's own."""
+    servers: dict[str, Server] = {}
+    try:
+        for i, method in enumerate(methods):  # started one after the other: start-up is CPU-bound
+            servers[method] = Server(args, method, out / f"server_{method}.log", port=args.port + i)
+            servers[method].wait_ready()
+            run_level(servers[method], warmup, 2, args.max_tokens)
+        runs: list[dict[str, dict[str, Any]]] = []
+        for r, levels in enumerate(rounds):
+            raw: dict[str, dict[str, Any]] = {method: {} for method in methods}
+            for c, prompts in levels.items():
+                for method in methods if r % 2 == 0 else methods[::-1]:
+                    raw[method][str(c)] = run_level(servers[method], prompts, c, args.max_tokens)
+            runs.append(raw)
+            now = os.getloadavg()
+            loads = f"{load[0]:.1f} at the start, {now[0]:.1f} after round {r + 1}"
+            table = tabulate(runs)
+            result = {"args": vars(args), "load": loads, "runs": runs, "table": table}
+            (out / "results.json").write_text(json.dumps(result, indent=1))
+            print_table(table)
+    finally:
+        for server in servers.values():
+            server.stop()
     print(f"load average: {loads}")
     return 0
 
