@@ -97,8 +97,9 @@ def test_nothing_is_drafted_without_the_shared_automaton(engine_free):
 
 
 def follow_a_running_request(proposer_class: type[RacerProposer]) -> tuple[RacerProposer, list[list[int]], list[int]]:
-    """Requests A and B run side by side (rows 0 and 1, other prompts): A generates 40 distinct
-    tokens, B the same output 12 steps behind. Returns B's drafts per step (A still running)."""
+    """Requests A and B run side by side (rows 0 and 1, other prompts): A generates distinct
+    tokens, B the same output 12 steps behind. Returns B's drafts per step (A still running)
+    and A's output."""
     config = SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=K),
         model_config=SimpleNamespace(max_model_len=MAX_LEN, get_vocab_size=lambda: VOCAB),
