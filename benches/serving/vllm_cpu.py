@@ -20,8 +20,8 @@ equal no speculation's, and for RacerProposer its own milliseconds per step (fro
 
 Run inside the environment of ``.ci/vllm_stage.sh`` (``VLLM_STAGE_SETUP_ONLY=1
 VLLM_STAGE_SUFFIX=1 .ci/vllm_stage.sh WHEEL DIR``, then ``DIR/venv/bin/python`` this file). One
-server at a time (without ``--rounds``), about 4 GB; traffic goes to 127.0.0.1 only. The command that reproduces a run is
-printed first.
+server at a time (without ``--rounds``), about 4 GB; traffic goes to 127.0.0.1 only. The command
+that reproduces a run is printed first.
 """
 
 from __future__ import annotations
