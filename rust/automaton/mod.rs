@@ -267,12 +267,12 @@ impl Automaton {
     /// # Errors
     /// `InvalidArgument` if a token is negative; nothing is appended then.
     pub fn extend(&mut self, tokens: &[i32]) -> Result<()> {
-        if let Some(t) = tokens.iter().find(|&&t| t < 0) {
-            return Err(invalid(
-                "tokens",
-                format!("token ids must be >= 0, got {t}"),
-            ));
-        }
+        check_tokens("tokens", tokens)?;
+        self.extend_checked(tokens)
+    }
+
+    /// [`Self::extend`] of tokens already checked to be non-negative.
+    fn extend_checked(&mut self, tokens: &[i32]) -> Result<()> {
         for &t in tokens {
             self.extend_one(t as u32)?;
         }
@@ -642,20 +642,13 @@ impl Automaton {
     /// # Errors
     /// `InvalidArgument` if a token of `lead` or `tokens` is negative; nothing changes then.
     pub fn extend_after(&mut self, lead: &[i32], tokens: &[i32]) -> Result<()> {
-        if let Some(t) = lead.iter().find(|&&t| t < 0) {
-            return Err(invalid("lead", format!("token ids must be >= 0, got {t}")));
-        }
-        if let Some(t) = tokens.iter().find(|&&t| t < 0) {
-            return Err(invalid(
-                "tokens",
-                format!("token ids must be >= 0, got {t}"),
-            ));
-        }
+        check_tokens("lead", lead)?;
+        check_tokens("tokens", tokens)?;
         self.recent.clear();
         let tail = &lead[lead.len().saturating_sub(self.ngram)..];
         self.recent.extend(tail.iter().map(|&t| t as u32));
         self.relocate_state();
-        self.extend(tokens)
+        self.extend_checked(tokens)
     }
 
     /// Start a new request: later substrings never span this boundary; the index is kept.
@@ -697,16 +690,19 @@ impl Automaton {
                 ),
             ));
         }
-        if let Some(t) = pattern.iter().find(|&&t| t < 0) {
-            return Err(invalid(
-                "pattern",
-                format!("token ids must be >= 0, got {t}"),
-            ));
-        }
+        check_tokens("pattern", pattern)?;
         let p: Vec<u32> = pattern.iter().map(|&t| t as u32).collect();
         Ok(self
             .find(&p)
             .map_or(0, |v| u64::from(self.nodes[v as usize].count)))
+    }
+}
+
+/// `InvalidArgument` naming `arg` at the first negative token id.
+fn check_tokens(arg: &'static str, tokens: &[i32]) -> Result<()> {
+    match tokens.iter().find(|&&t| t < 0) {
+        Some(t) => Err(invalid(arg, format!("token ids must be >= 0, got {t}"))),
+        None => Ok(()),
     }
 }
 

@@ -9,9 +9,9 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::{Automaton, NIL, ROOT};
+use super::{Automaton, NIL, ROOT, check_tokens};
 use crate::edge_cells;
-use crate::error::{Result, invalid};
+use crate::error::Result;
 use crate::tree::{DraftTree, TreeBuilder, check_budget};
 
 /// A trie node waiting to be placed below builder node `parent`.
@@ -133,9 +133,7 @@ impl Automaton {
     ) -> Result<(DraftTree, Recency)> {
         check_token("next_token", next_token)?;
         check_budget("budget", budget)?;
-        if let Some(&t) = context.iter().find(|&&t| t < 0) {
-            check_token("context", t)?;
-        }
+        check_tokens("context", context)?;
         // Only its last `ngram - 1` tokens can match (`borders_for`): a copy of those alone,
         // however long the caller's context.
         let tail = &context[context.len().saturating_sub(self.ngram - 1)..];
@@ -472,10 +470,7 @@ impl Automaton {
 }
 
 fn check_token(arg: &'static str, token: i32) -> Result<()> {
-    if token < 0 {
-        return Err(invalid(arg, format!("token ids must be >= 0, got {token}")));
-    }
-    Ok(())
+    check_tokens(arg, &[token])
 }
 
 /// The share of a string's occurrences that a continuation followed.
