@@ -53,15 +53,20 @@ class Batch:
         ]
 
 
-def repeat_an_earlier_output(proposer_class: type[RacerProposer]) -> tuple[RacerProposer, list[list[int]], list[int]]:
-    """Request A (prompt, then 40 generated tokens, all distinct) finishes; request B (another
-    prompt) then generates A's output. Returns B's drafts per step and A's output."""
+def new_batch(proposer_class: type[RacerProposer]) -> tuple[RacerProposer, Batch]:
+    """A proposer of ``proposer_class`` on a vLLM config stand-in, and its batch."""
     config = SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=K),
         model_config=SimpleNamespace(max_model_len=MAX_LEN, get_vocab_size=lambda: VOCAB),
     )
     proposer = proposer_class(config, options=ServingOptions(use_logits=False))
-    batch = Batch(proposer)
+    return proposer, Batch(proposer)
+
+
+def repeat_an_earlier_output(proposer_class: type[RacerProposer]) -> tuple[RacerProposer, list[list[int]], list[int]]:
+    """Request A (prompt, then 40 generated tokens, all distinct) finishes; request B (another
+    prompt) then generates A's output. Returns B's drafts per step and A's output."""
+    proposer, batch = new_batch(proposer_class)
     tokens = np.random.default_rng(0).permutation(VOCAB)[:200].tolist()
     prompt_a, output, prompt_b = tokens[:30], tokens[30:70], tokens[70:100]
     context = prompt_a + output[:1]
@@ -100,12 +105,7 @@ def follow_a_running_request(proposer_class: type[RacerProposer]) -> tuple[Racer
     """Requests A and B run side by side (rows 0 and 1, other prompts): A generates distinct
     tokens, B the same output 12 steps behind. Returns B's drafts per step (A still running)
     and A's output."""
-    config = SimpleNamespace(
-        speculative_config=SimpleNamespace(num_speculative_tokens=K),
-        model_config=SimpleNamespace(max_model_len=MAX_LEN, get_vocab_size=lambda: VOCAB),
-    )
-    proposer = proposer_class(config, options=ServingOptions(use_logits=False))
-    batch = Batch(proposer)
+    proposer, batch = new_batch(proposer_class)
     tokens = np.random.default_rng(1).permutation(VOCAB)[:200].tolist()
     prompt_a, output, prompt_b = tokens[:30], tokens[30:70], tokens[70:100]
     a = prompt_a + output[:1]
