@@ -21,8 +21,8 @@ use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
 use crate::alloc;
-use crate::automaton::Automaton;
-use crate::draft::{DraftOptions, build_draft_tree};
+use crate::automaton::{Automaton, Recency};
+use crate::draft::{DraftOptions, build_draft_tree_shared};
 use crate::error::{Error, Result, invalid, invalid_at};
 use crate::logits_table::LogitsTable;
 use crate::tree::{DraftTree, MAX_TREE_NODES};
@@ -579,6 +579,25 @@ impl DraftPool {
         capacities: &[usize],
         calibration: Option<&[f32]>,
     ) -> Result<BatchDraft> {
+        self.propose_shared(ids, last_tokens, capacities, calibration, None)
+            .map(|(batch, _)| batch)
+    }
+
+    /// [`DraftPool::propose`] with a second retrieval source read by every request: `shared`,
+    /// an automaton of other requests' responses (see [`build_draft_tree_shared`]). Returns the
+    /// trees and, per request, the shared nodes its tree used, for `shared.touch` (the only
+    /// change drafting makes to `shared`).
+    ///
+    /// # Errors
+    /// As [`DraftPool::propose`].
+    pub fn propose_shared(
+        &self,
+        ids: &[RequestId],
+        last_tokens: &[i32],
+        capacities: &[usize],
+        calibration: Option<&[f32]>,
+        shared: Option<&Automaton>,
+    ) -> Result<(BatchDraft, Vec<Recency>)> {
         let requests = self.requests.read();
         let entries = Self::resolve(&requests, ids)?;
         for (arg, len) in [
@@ -630,16 +649,17 @@ impl DraftPool {
                 }
             };
             let options = self.options.draft_options(capacity);
-            build_draft_tree(automaton, table, next, &[], &options, calibration)
+            build_draft_tree_shared(automaton, shared, table, next, &[], &options, calibration)
         })?;
-        let trees = alloc::try_collect(
+        let built = alloc::try_collect(
             trees
                 .into_iter()
                 .zip(ids)
                 .map(|(r, id)| r.map_err(|e| about(e, id))),
             "the batch's trees",
         )?;
-        BatchDraft::try_new(trees)
+        let (trees, recency): (Vec<_>, Vec<_>) = built.into_iter().unzip();
+        Ok((BatchDraft::try_new(trees)?, recency))
     }
 }
 

@@ -607,6 +607,7 @@ class DraftPool:
         capacity: int | _TokenArray,
         *,
         calibration: _Calibration | None = None,
+        shared: Automaton | None = None,
     ) -> BatchDraft:
         """One draft tree per request, in one GIL release (``RacerDrafter.propose`` for
         every request of the batch).
@@ -622,10 +623,14 @@ class DraftPool:
             calibration: ``float32[EDGE_CELLS]`` acceptance probabilities in ``[0, 1]``, one
                 per edge cell, replacing a scored tree's raw edge estimates (as in
                 :func:`build_draft_tree`; halving trees ignore it once checked).
+            shared: an automaton every request also drafts from (other requests' responses,
+                a corpus), as :func:`build_draft_tree`'s ``shared``: only read, the LRU
+                recency of the nodes used refreshed; other threads may use it meanwhile.
 
         Returns:
             A :class:`BatchDraft` whose tree ``i`` is the one :func:`build_draft_tree` builds
-            from request ``ids[i]``'s automaton and table with the pool's options.
+            from request ``ids[i]``'s automaton and table with the pool's options (and
+            ``shared``).
 
         Raises:
             ValueError: (``InvalidArgumentError``) if ``ids`` is empty, an id is unknown or

@@ -7,9 +7,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::arrays::{
-    Flag, Int, Real, Text, Tokens, array1, at_least, converted, int_arg, matrix, prob_matrix,
-    prob_vector,
+    Flag, Int, Real, Text, Tokens, array1, at_least, converted, int_arg, matrix, native,
+    prob_matrix, prob_vector,
 };
+use super::automaton::PyAutomaton;
 use super::errors::{type_error, value_error};
 use super::logits_table::exempt;
 use super::signature::{Given, Signature, no_arguments, unless_none};
@@ -527,9 +528,12 @@ impl PyDraftPool {
         Ok(py.detach(|| self.inner.update_topk(&id, tokens, &ids, k, probs))?)
     }
 
-    /// One draft tree per request, rooted at ``last_tokens[i]``, in one GIL release.
-    #[pyo3(signature = (ids = Given::MISSING, last_tokens = Given::MISSING, capacity = Given::MISSING, /, *extra, calibration = None, **kwargs))]
-    #[pyo3(text_signature = "($self, ids, last_tokens, capacity, *, calibration=None)")]
+    /// One draft tree per request, rooted at ``last_tokens[i]``, in one GIL release; with
+    /// ``shared``, every request also drafts from that automaton (read, its recency refreshed).
+    #[pyo3(signature = (ids = Given::MISSING, last_tokens = Given::MISSING, capacity = Given::MISSING, /, *extra, calibration = None, shared = None, **kwargs))]
+    #[pyo3(
+        text_signature = "($self, ids, last_tokens, capacity, *, calibration=None, shared=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn propose(
         &self,
@@ -539,13 +543,14 @@ impl PyDraftPool {
         capacity: Given<'_>,
         extra: &Bound<'_, PyTuple>,
         calibration: Option<&Bound<'_, PyAny>>,
+        shared: Option<&Bound<'_, PyAny>>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyBatchDraft> {
         const SIGNATURE: Signature<3, 0> = Signature::new(
             "DraftPool.propose",
             ["ids", "last_tokens", "capacity"],
             [],
-            &["calibration"],
+            &["calibration", "shared"],
         );
         let ([ids, last_tokens, capacity], []) =
             SIGNATURE.bind([ids, last_tokens, capacity], [], extra, kwargs)?;
@@ -555,21 +560,45 @@ impl PyDraftPool {
         let calibration = calibration
             .map(|c| prob_vector(c, "calibration"))
             .transpose()?;
+        let shared = shared
+            .filter(|s| !s.is_none())
+            .map(|s| native::<PyAutomaton>(s, "shared", "an Automaton or None"))
+            .transpose()?;
         let last = last.as_slice();
-        // A batch of a few small trees is drafted at once: releasing the GIL would cost about
-        // as much as a tree.
-        let work = caps.iter().fold(0usize, |w, &c| {
-            w.saturating_add(PROPOSE_REQUEST_UNITS.saturating_add(c))
-        });
-        if work < DETACH_MIN_UNITS {
-            let batch = self
-                .inner
-                .propose(&ids, last, &caps, calibration.as_deref())?;
+        let Some(shared) = shared.as_ref().map(Bound::get) else {
+            // A batch of a few small trees is drafted at once: releasing the GIL would cost
+            // about as much as a tree.
+            let work = caps.iter().fold(0usize, |w, &c| {
+                w.saturating_add(PROPOSE_REQUEST_UNITS.saturating_add(c))
+            });
+            if work < DETACH_MIN_UNITS {
+                let batch = self
+                    .inner
+                    .propose(&ids, last, &caps, calibration.as_deref())?;
+                return Ok(PyBatchDraft { inner: batch });
+            }
+            let batch = py.detach(|| {
+                self.inner
+                    .propose(&ids, last, &caps, calibration.as_deref())
+            })?;
             return Ok(PyBatchDraft { inner: batch });
-        }
+        };
+        // The shared automaton's lock may be held by another thread: always release the GIL.
+        // Its read lock covers the batch; the recency update takes the write lock alone after
+        // (the pool's own locks are private, so no lock order can be crossed).
         let batch = py.detach(|| {
-            self.inner
-                .propose(&ids, last, &caps, calibration.as_deref())
+            let (batch, recency) = {
+                let s = shared.inner.read();
+                self.inner
+                    .propose_shared(&ids, last, &caps, calibration.as_deref(), Some(&s))?
+            };
+            if recency.iter().any(|r| !r.is_empty()) {
+                let mut s = shared.inner.write();
+                for r in &recency {
+                    s.touch(r);
+                }
+            }
+            Ok::<_, crate::Error>(batch)
         })?;
         Ok(PyBatchDraft { inner: batch })
     }

@@ -2,6 +2,7 @@
 //! pairs, thread-count independence, atomic failures, and the layouts.
 
 use super::*;
+use crate::draft::build_draft_tree;
 use crate::edge_cells::EDGE_CELLS;
 
 /// A small deterministic generator (no dependency needed for unit tests).
@@ -196,6 +197,66 @@ fn thread_count_never_changes_a_tree() {
     }
     for o in &outputs[1..] {
         assert_eq!(o, &outputs[0]);
+    }
+}
+
+#[test]
+fn a_shared_automaton_is_read_by_every_request_as_build_draft_tree_shared_reads_it() {
+    let vocab = 50;
+    let mut shared = Automaton::new(8, 2_000, 1).unwrap();
+    let mut seed = 21;
+    shared.extend(&stream(&mut seed, 600, vocab)).unwrap();
+    for scored in [false, true] {
+        let o = PoolOptions {
+            min_depth: 1,
+            ..options(vocab as usize, scored)
+        };
+        for threads in [1, 3] {
+            let pool = DraftPool::new(o, threads).unwrap();
+            let n = 2 * PARALLEL_MIN_REQUESTS + 1;
+            let ids: Vec<RequestId> = (0..n).map(|i| RequestId::Int(i as i64)).collect();
+            let mut refs = Vec::new();
+            for id in &ids {
+                let prompt = stream(&mut seed, 40, vocab);
+                pool.add(id.clone(), &prompt).unwrap();
+                refs.push(Reference::new(&o, &prompt));
+            }
+            let next: Vec<i32> = ids
+                .iter()
+                .map(|_| (lcg(&mut seed) % vocab) as i32)
+                .collect();
+            let caps = vec![24; n];
+            let cal = vec![0.5; EDGE_CELLS];
+            let (batch, recency) = pool
+                .propose_shared(&ids, &next, &caps, Some(&cal), Some(&shared))
+                .unwrap();
+            assert_eq!(recency.len(), n);
+            for (i, r) in refs.iter_mut().enumerate() {
+                let options = o.draft_options(caps[i]);
+                let (want, used) = build_draft_tree_shared(
+                    &mut r.automaton,
+                    Some(&shared),
+                    &r.table,
+                    next[i],
+                    &[],
+                    &options,
+                    Some(&cal),
+                )
+                .unwrap();
+                assert_eq!(batch.trees()[i], want, "request {i}, scored {scored}");
+                assert_eq!(recency[i].is_empty(), used.is_empty());
+            }
+            // The shared source adds nodes: without it the trees are the plain pool's.
+            assert!(recency.iter().any(|r| !r.is_empty()));
+            let plain = pool.propose(&ids, &next, &caps, Some(&cal)).unwrap();
+            assert_ne!(plain, batch);
+            assert_eq!(
+                pool.propose_shared(&ids, &next, &caps, Some(&cal), None)
+                    .unwrap()
+                    .0,
+                plain
+            );
+        }
     }
 }
 

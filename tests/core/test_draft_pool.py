@@ -80,7 +80,7 @@ class Reference:
         if self.o["use_logits"]:  # observe(): table.update(tokens[order], topk_ids[order], probs)
             self.table.update(tokens, ids, probs)
 
-    def propose(self, next_token: int, capacity: int, calibration) -> DraftTree:
+    def propose(self, next_token: int, capacity: int, calibration, shared: Automaton | None = None) -> DraftTree:
         scored = self.o["tree"] == "scored"
         return build_draft_tree(
             self.automaton,
@@ -93,6 +93,7 @@ class Reference:
             scored=scored,
             min_score=self.o["min_score"],
             calibration=calibration if scored else None,
+            shared=shared,
         )
 
 
@@ -181,6 +182,12 @@ def test_random_interleavings_match_independent_per_request_pairs(tree, data):
     pool = DraftPool(VOCAB, threads=threads, **o)
     refs: dict[int | str, Reference] = {}
     calibration = np.linspace(0.05, 0.95, EDGE_CELLS, dtype=np.float32)
+    # Half the runs draft every request from a shared automaton too (other requests' responses).
+    shared = None
+    if data.draw(st.booleans()):
+        shared = Automaton(ngram=o["ngram"] + 2, max_nodes=400, min_depth=1)
+        shared.extend(code_like(np.random.default_rng(data.draw(st.integers(0, 99))), 300, VOCAB))
+    event(f"shared automaton: {shared is not None}")
     for step, op in enumerate(data.draw(operations(o["breadth"]))):
         where = f"step {step}: {op}"
         if op[0] == "add":
@@ -265,16 +272,16 @@ def test_random_interleavings_match_independent_per_request_pairs(tree, data):
             capacity = caps[0] if scalar else np.asarray(caps, dtype=np.int64)
             if not all(i in refs for i in ids):
                 with pytest.raises(InvalidArgumentError, match="unknown request id"):
-                    pool.propose(ids, last, capacity, calibration=cal)
+                    pool.propose(ids, last, capacity, calibration=cal, shared=shared)
                 continue
-            batch = pool.propose(ids, last, capacity, calibration=cal)
+            batch = pool.propose(ids, last, capacity, calibration=cal, shared=shared)
             event(f"proposed a batch of {'>= 8' if len(ids) >= 8 else '< 8'}")
             event(f"largest tree {'> 4' if max(batch.counts) > 4 else '<= 4'} nodes")
             assert len(batch) == len(ids)
             offsets = batch.offsets.tolist()
             assert offsets[0] == 0 and np.diff(offsets).tolist() == batch.counts.tolist()
             for j, (rid, t, c) in enumerate(zip(ids, last, caps, strict=False)):
-                want = refs[rid].propose(t, c, cal)
+                want = refs[rid].propose(t, c, cal, shared)
                 assert_same_tree(batch.tree(j), want, f"{where}, request {rid!r}")
                 lo, hi = offsets[j], offsets[j + 1]
                 assert batch.tokens[lo:hi].tolist() == want.tokens.tolist()
