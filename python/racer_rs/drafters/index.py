@@ -36,7 +36,10 @@ Where the index comes from (the ``index`` option):
 ``index_scope="drafter"`` gives the drafter an index of its own instead: an empty one for
 ``"memory"``, a fresh load of the file, a copy of the automaton. It lives as long as the
 drafter (one drafter reused across requests learns across them) and nothing else sees it:
-``racer bench`` uses it so that every setting, and the warm-up, start from the same index.
+``racer bench`` uses it so that every setting, and the warm-up, start from the same index. In
+:func:`racer_rs.generate_batch` it is the call's: every row reads it (the pooled methods in
+their one ``DraftPool.propose`` call) and a finished row's response serves the rows admitted
+after it, as SuffixDecoding's global tree serves later requests; the next call starts afresh.
 """
 
 from __future__ import annotations

@@ -154,6 +154,14 @@ METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
+def foreign_token_error(source: str, token: int, vocab: int) -> InvalidArgumentError:
+    """A drafted token beyond the model's vocabulary: the index was built with another tokenizer."""
+    return InvalidArgumentError(
+        f"index {source}: drafted token {token} is outside the model's vocabulary "
+        f"(0..{vocab}): the index was built with another tokenizer"
+    )
+
+
 class RacerDrafter(Drafter):
     """RACER's drafter.
 
@@ -299,10 +307,7 @@ class RacerDrafter(Drafter):
         vocab = self.table.vocab_size
         if len(tokens) > 1 and int(tokens.max()) >= vocab:
             assert self.index is not None
-            raise InvalidArgumentError(
-                f"index {self.index.source}: drafted token {int(tokens.max())} is outside the model's vocabulary "
-                f"(0..{vocab}): the index was built with another tokenizer"
-            )
+            raise foreign_token_error(self.index.source, int(tokens.max()), vocab)
 
     def observe(self, outcome: StepOutcome) -> None:
         """Copy-logit update (rejected nodes, then the accepted path) and automaton extension."""

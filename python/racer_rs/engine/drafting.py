@@ -6,7 +6,7 @@
   driven as :class:`racer_rs.drafters.racer.RacerDrafter` drives its automaton and table, so row
   ``b`` gets the tree its own drafter would have proposed.
 - :class:`RowDrafting` (every other method, every method in a request of its own, and the
-  racer methods with persistent state or a shared index): one drafter per row, called row by
+  racer methods with persistent state): one drafter per row, called row by
   row. The draft-model methods (``draft_model``, ``tts``, ``racer_tts``) run one draft model per
   row (its own KV cache, the draft's weights shared); a row's drafter is built when its request
   is admitted and dropped when it finishes (a persistent one is kept for the next request of its
@@ -29,7 +29,7 @@ import numpy as np
 from racer_rs._native import DraftPool
 from racer_rs.drafters import calibrated_options, make_drafter
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
-from racer_rs.drafters.racer import RacerDrafter
+from racer_rs.drafters.racer import INDEX_OPTIONS, RacerDrafter, foreign_token_error
 from racer_rs.errors import InvalidTypeError, UnsupportedError
 
 #: Methods drafted for the whole batch by one DraftPool call per step.
@@ -116,6 +116,10 @@ class PoolDrafting(Drafting):
         self.needs_topk = drafter.needs_topk
         self.needs_topk_probs = drafter.needs_topk_probs
         self.prompt_topk_optional = drafter.prompt_topk_optional
+        self.vocab = vocab
+        # The shared index every row drafts from, and what each row will teach it at its end.
+        self.index = drafter.index
+        self.learning: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
         self.pool = DraftPool(
             vocab,
             ngram=options.ngram,
@@ -136,6 +140,8 @@ class PoolDrafting(Drafting):
         tokens = request.prompt_topk_tokens
         if self.use_logits and tokens is not None and request.prompt_topk is not None:
             self.pool.update_topk(row, tokens, request.prompt_topk, request.prompt_topk_probs)
+        if self.index is not None and self.index.learn:
+            self.learning[row] = (np.asarray(request.prompt_ids, dtype=np.int32), [])
 
     def propose(
         self,
@@ -145,14 +151,22 @@ class PoolDrafting(Drafting):
         capacities: Sequence[int],
         edge_calibration: np.ndarray | None,
     ) -> list[Proposal | Exception]:
-        """Every row's tree in one :meth:`DraftPool.propose` call."""
+        """Every row's tree in one :meth:`DraftPool.propose` call (the shared index read by all)."""
         draft = self.pool.propose(
             list(rows),
             np.asarray(next_tokens, dtype=np.int32),
             np.asarray(capacities, dtype=np.int64),
             calibration=edge_calibration if self.scored else None,
+            shared=self.index.automaton if self.index is not None else None,
         )
-        return [Proposal(draft.tree(i)) for i in range(len(rows))]
+        proposals: list[Proposal | Exception] = []
+        for i in range(len(rows)):
+            tree = draft.tree(i)
+            if self.index is not None and len(tree.tokens) > 1 and int(tree.tokens.max()) >= self.vocab:
+                proposals.append(foreign_token_error(self.index.source, int(tree.tokens.max()), self.vocab))
+            else:
+                proposals.append(Proposal(tree))
+        return proposals
 
     def observe(self, rows: Sequence[int], outcomes: Sequence[StepOutcome]) -> list[Exception | None]:
         """``RacerDrafter.observe`` for every row: copy-logit rows (rejected nodes first, the
@@ -166,17 +180,26 @@ class PoolDrafting(Drafting):
                 probs = outcome.topk_probs[order] if outcome.topk_probs is not None else None
                 self.pool.update_topk(row, tokens[order], outcome.topk_ids[order], probs)
         if rows:
-            self.pool.extend(list(rows), [np.asarray(o.committed, dtype=np.int32) for o in outcomes])
+            committed = [np.asarray(o.committed, dtype=np.int32) for o in outcomes]
+            self.pool.extend(list(rows), committed)
+            for row, tokens in zip(rows, committed, strict=True):
+                if row in self.learning:
+                    self.learning[row][1].append(tokens)
         return [None] * len(rows)
 
     def end(self, row: int) -> None:
-        """Free the row's automaton and table."""
+        """Teach the shared index the row's response (``learn``), then free the row's state."""
+        learned = self.learning.pop(row, None)
+        if self.index is not None and learned is not None:
+            self.index.learn_response(*learned)
         if row in self.pool:
             self.pool.remove(row)
 
     def stats(self, row: int) -> dict[str, Any]:
-        """State mode (the pool keeps per-request state only)."""
-        return {"persistent": False, "draft_pool": True}
+        """State mode (the pool keeps per-request state only) and the shared index's."""
+        stats: dict[str, Any] = {"persistent": False, "draft_pool": True}
+        stats.update(self.index.stats() if self.index is not None else {"index": None})
+        return stats
 
 
 class RowDrafting(Drafting):
@@ -255,6 +278,14 @@ class RowDrafting(Drafting):
         return dict(self.drafters[row].stats())
 
 
+def racer_part(drafter: Drafter) -> RacerDrafter | None:
+    """The RACER drafter inside ``drafter`` (itself, or ``racer_tts``'s), which holds the index."""
+    if isinstance(drafter, RacerDrafter):
+        return drafter
+    inner = getattr(drafter, "racer", None)
+    return inner if isinstance(inner, RacerDrafter) else None
+
+
 def make_drafting(
     method: str,
     model: Any,
@@ -269,8 +300,9 @@ def make_drafting(
     capacity policy passes edge calibrations (``capacity="auto"``).
 
     RACER's methods draft a batch in one :class:`DraftPool` when more than one row can be live and
-    their state is the request's own; a single row, persistent state or a shared index keeps the
-    method's own drafter per row (what one ``generate`` call uses).
+    their state is the request's own (a shared index is read by the whole pool); a single row or
+    persistent state keeps the method's own drafter per row (what one ``generate`` call uses).
+    An index of scope ``"drafter"`` belongs to the call: all of its rows read and teach it.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: bad method or options (as ``make_drafter``).
@@ -280,11 +312,22 @@ def make_drafting(
     if calibrated:
         options = calibrated_options(method, options)
     first = make_drafter(method, model, **options)
-    pooled = (
-        rows > 1 and method in POOL_METHODS and not getattr(first, "persistent", False) and not options.get("index")
-    )
-    if pooled:
+    if rows > 1 and method in POOL_METHODS and not getattr(first, "persistent", False):
         if not isinstance(first, RacerDrafter):
             raise InvalidTypeError(f"method {method!r} did not build a RacerDrafter")
         return PoolDrafting(first, vocab, calibrated)
-    return RowDrafting(lambda: make_drafter(method, model, **options), rows, first)
+    racer = racer_part(first)
+    index = racer.index if racer is not None else None
+    if index is None or index.scope != "drafter":
+        return RowDrafting(lambda: make_drafter(method, model, **options), rows, first)
+    # A drafter-scope index is the call's: every row's drafter reads and teaches first's.
+    own = {key: value for key, value in options.items() if key not in INDEX_OPTIONS}
+
+    def build() -> Drafter:
+        drafter = make_drafter(method, model, **own)
+        part = racer_part(drafter)
+        assert part is not None  # the same method as first's
+        part.index = index
+        return drafter
+
+    return RowDrafting(build, rows, first)
