@@ -115,9 +115,38 @@ def test_a_wrong_served_request_is_a_mismatch(tiny_model, data_file, tmp_path, c
     assert [(r["method"], r["concurrency"]) for r in report["summary"] if r["mismatches"]] == [("pld", 2)]
 
 
+def test_an_index_label_learns_within_each_call_and_starts_every_call_empty(
+    tiny_model, data_file, tmp_path, capsys, monkeypatch
+):
+    real = racer_rs.engine.generation.generate_batch
+    calls: list[tuple[str, dict[str, Any], list[int]]] = []
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        results = real(*args, **kwargs)
+        calls.append((kwargs["method"], kwargs, [r.extras.get("index_nodes", 0) for r in results]))
+        return results
+
+    monkeypatch.setattr(racer_rs.engine.generation, "generate_batch", recording)
+    extra = ("--concurrency", "1", "--methods", "racer@4,racer+index@4", "--temperature", "0", "--repeat", "2")
+    code, stdout, stderr, report = run(capsys, serving_args(tiny_model, data_file, tmp_path / "out", *extra))
+    assert code == 0, stderr
+    assert report is not None and report["methods"] == ["ar", "racer@4", "racer+index@4"]
+    indexed = [c for c in calls if c[1].get("index") is not None]
+    assert len(indexed) == 2 and all(c[0] == "racer" and c[1]["capacity"] == 4 for c in indexed)
+    assert all(c[1]["index"] == "memory" and c[1]["index_scope"] == "drafter" and c[1]["learn"] for c in indexed)
+    # Requests one at a time: each learns the ones before it, and each call starts from nothing.
+    for _, _, nodes in indexed:
+        assert 0 < nodes[0] < nodes[-1]
+    assert indexed[0][2] == indexed[1][2]
+    assert {r["method"] for r in report["summary"]} == {"ar", "racer@4", "racer+index@4"}
+    assert "racer+index@4" in stdout
+
+
 @pytest.mark.parametrize(
     ("extra", "fragment"),
     [
+        (["--concurrency", "2", "--methods", "pld+index"], "method 'pld' takes no shared index"),
+        (["--concurrency", "2", "--methods", "racer@4+index"], "write METHOD+index@CAPACITY"),
         (["--concurrency", "0"], "--concurrency: must be >= 1"),
         (["--concurrency", "2", "--batch-size", "2"], "--concurrency and --batch-size do not go together"),
         (["--requests", "2"], "--requests: only the serving benchmark (--concurrency) takes it"),

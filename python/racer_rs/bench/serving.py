@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from racer_rs.bench.batch_throughput import split
-from racer_rs.bench.runner import BASELINE, WARMUP_TOKENS, Setting, first_difference
+from racer_rs.bench.runner import BASELINE, INDEX_VARIANT, WARMUP_TOKENS, Setting, first_difference, uses_index
 from racer_rs.bench.stats import Estimate, disturbed, geometric_mean
 from racer_rs.errors import InvalidArgumentError
 
@@ -120,6 +120,18 @@ class ServingRecord:
         return [f - a for f, a in zip(self.first_token_s, self.admitted_s, strict=True)]
 
 
+#: A ``METHOD+index`` label's options (the user's win): an in-memory index of the call's own,
+#: shared by its rows and empty at every call's start, so the method learns from the call's
+#: finished requests as ``suffix``'s global tree does, and no call sees another's answers.
+CALL_INDEX: dict[str, Any] = {"index": "memory", "index_scope": "drafter", "learn": True}
+
+
+def serving_split(label: str) -> tuple[str, int | str | None]:
+    """``"racer@16"`` -> ``("racer", 16)``; ``"racer+index@auto"`` -> ``("racer", "auto")``
+    (the ``+index`` variant's index is in its options: :data:`CALL_INDEX`)."""
+    return split(label.replace(INDEX_VARIANT, "", 1))
+
+
 def round_order(methods: Sequence[str], round_index: int) -> list[tuple[str, int]]:
     """The (method, ar pass) calls of round ``round_index``: ``ar`` first and last, the other
     methods in between, rotated left by ``round_index`` places (as ``racer bench``'s runner
@@ -173,7 +185,7 @@ class ServingBenchmark:
         from racer_rs.engine import generation as engine_generation
 
         for label in methods:
-            split(label)  # a bad capacity fails before any timing
+            serving_split(label)  # a bad capacity fails before any timing
         self.model = model
         self.methods = list(methods)
         self.capacity = capacity
@@ -201,7 +213,7 @@ class ServingBenchmark:
     ) -> tuple[list[Any], float]:
         import torch
 
-        method, own = split(label)
+        method, own = serving_split(label)
         options: dict[str, Any] = {
             "method": method,
             "max_new_tokens": budget,
@@ -209,6 +221,7 @@ class ServingBenchmark:
             "capacity": own if own is not None else self.capacity,
             "max_capacity": self.max_capacity,
             **_sampling(setting),
+            **(CALL_INDEX if uses_index(label) else {}),
             **self.options.get(label, {}),
         }
         torch.manual_seed(self.seed)

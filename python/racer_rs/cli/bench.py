@@ -229,7 +229,7 @@ def _methods(args: argparse.Namespace, workload: Workload = WORKLOADS[DEFAULT_WO
     common.check_methods(list(dict.fromkeys(split_label(m)[0] for m in methods)), extra=PEERS)
     for label in methods:
         if uses_index(label):
-            _check_index_method(label)
+            common.check_index_method(label, split_label(label)[0])
     if (index is not None or no_learn) and not any(uses_index(m) for m in methods):
         flag = "--index" if index is not None else "--no-learn"
         raise CLIError(f"{flag}: no METHOD{INDEX_VARIANT} among --methods to use it (e.g. --methods racer,racer+index)")
@@ -261,29 +261,6 @@ def applicable_options(
             if key not in takes[method]:
                 options[method].pop(key, None)
     return options
-
-
-def _check_index_method(label: str) -> None:
-    """A METHOD+index label must name a method that takes a shared index."""
-    from racer_rs import drafters
-
-    method = split_label(label)[0]
-    if method in PEERS or "index" not in drafters.accepted_options(method):
-        takers = [m for m in common.available_methods() if _takes_index(m)]
-        raise CLIError(
-            f"--methods {label}: method {method!r} takes no shared index (those that do: {', '.join(takers)})"
-        )
-
-
-def _takes_index(method: str) -> bool:
-    from racer_rs import drafters
-
-    if not common.method_importable(method):
-        return False
-    try:
-        return "index" in drafters.accepted_options(method)
-    except ImportError:
-        return False
 
 
 def _index_options(label: str, options: dict[str, Any], args: argparse.Namespace, spec: str) -> dict[str, Any]:

@@ -13,17 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from racer_rs._io import check_writable_folder
-from racer_rs.bench.batch_throughput import encode, interleaved, split
+from racer_rs.bench.batch_throughput import encode, interleaved
 from racer_rs.bench.hf_peers import PEERS
 from racer_rs.bench.prompts import load_benchmark
 from racer_rs.bench.report import _json_safe, write_json
-from racer_rs.bench.runner import BASELINE, INDEX_VARIANT, Setting
+from racer_rs.bench.runner import BASELINE, INDEX_VARIANT, Setting, uses_index
 from racer_rs.bench.serving import (
     DEFAULT_METHODS,
     DEFAULT_REQUESTS,
     ServingBenchmark,
     ServingRecord,
     format_table,
+    serving_split,
     summarise,
 )
 from racer_rs.bench.workloads import WORKLOADS
@@ -65,20 +66,23 @@ def check_arguments(args: argparse.Namespace) -> None:
 def labels_of(args: argparse.Namespace) -> list[str]:
     """The method labels, ``ar`` first: ``--methods`` or :data:`DEFAULT_METHODS` (those installed)."""
     if args.methods is None:
-        return [m for m in DEFAULT_METHODS if common.method_importable(split(m)[0])]
+        return [m for m in DEFAULT_METHODS if common.method_importable(serving_split(m)[0])]
     labels = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not labels:
         raise CLIError("--methods: no method given")
     for label in labels:
-        if INDEX_VARIANT in label:
-            raise CLIError(f"--methods {label}: the serving benchmark has no shared index")
+        if INDEX_VARIANT in label and not uses_index(label):
+            raise CLIError(f"--methods {label}: write METHOD{INDEX_VARIANT}@CAPACITY (the capacity last)")
         try:
-            method = split(label)[0]
+            method = serving_split(label)[0]
         except RacerError as exc:
             raise CLIError(str(exc)) from None
         if method in PEERS:
             raise CLIError(f"--methods {label}: transformers' peers are not served by generate_batch")
-    common.check_methods(list(dict.fromkeys(split(m)[0] for m in labels)))
+    common.check_methods(list(dict.fromkeys(serving_split(m)[0] for m in labels)))
+    for label in labels:
+        if uses_index(label):
+            common.check_index_method(label, serving_split(label)[0])
     if len(set(labels)) != len(labels):
         raise CLIError("--methods: a method is listed more than once")
     return [BASELINE, *(label for label in labels if label != BASELINE)]
@@ -111,7 +115,7 @@ def run_serving_bench(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_writable_folder(out, "--out")  # before any work: results must have somewhere to go
 
-    models = common.LoadedModels(args, [split(m)[0] for m in labels])
+    models = common.LoadedModels(args, [serving_split(m)[0] for m in labels])
     prompts = [encode(models.tokenizer, q) for q in questions]
     bench = ServingBenchmark(
         models.model,
@@ -123,7 +127,7 @@ def run_serving_bench(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         repeat=args.repeat,
         seed=args.seed,
-        options={label: models.method_options(split(label)[0], options[label]) for label in labels},
+        options={label: models.method_options(serving_split(label)[0], options[label]) for label in labels},
     )
 
     def progress(record: ServingRecord) -> None:

@@ -143,6 +143,31 @@ def available_methods() -> list[str]:
     return list(drafters.available_methods())
 
 
+def check_index_method(label: str, method: str) -> None:
+    """A METHOD+index label (``label``, naming ``method``) must name a method that takes a
+    shared index."""
+    from racer_rs import drafters
+    from racer_rs.bench.hf_peers import PEERS
+
+    if method in PEERS or "index" not in drafters.accepted_options(method):
+        takers = [m for m in available_methods() if takes_index(m)]
+        raise CLIError(
+            f"--methods {label}: method {method!r} takes no shared index (those that do: {', '.join(takers)})"
+        )
+
+
+def takes_index(method: str) -> bool:
+    """Whether ``method`` is importable and takes the ``index`` option."""
+    from racer_rs import drafters
+
+    if not method_importable(method):
+        return False
+    try:
+        return "index" in drafters.accepted_options(method)
+    except ImportError:
+        return False
+
+
 def method_importable(method: str) -> bool:
     """True when ``method`` is registered, its module can be found and the extra it needs (if
     any) is installed; nothing is imported (``find_spec`` only)."""
