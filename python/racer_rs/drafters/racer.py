@@ -154,12 +154,14 @@ METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def foreign_token_error(source: str, token: int, vocab: int) -> InvalidArgumentError:
-    """A drafted token beyond the model's vocabulary: the index was built with another tokenizer."""
-    return InvalidArgumentError(
-        f"index {source}: drafted token {token} is outside the model's vocabulary "
-        f"(0..{vocab}): the index was built with another tokenizer"
-    )
+def check_index_tokens(source: str, tokens: np.ndarray, vocab: int) -> None:
+    """Refuse a draft with a token beyond the model's vocabulary: an index built with another
+    model's tokenizer (``source``, the only source of such tokens)."""
+    if len(tokens) > 1 and int(tokens.max()) >= vocab:
+        raise InvalidArgumentError(
+            f"index {source}: drafted token {int(tokens.max())} is outside the model's vocabulary "
+            f"(0..{vocab}): the index was built with another tokenizer"
+        )
 
 
 class RacerDrafter(Drafter):
@@ -303,11 +305,8 @@ class RacerDrafter(Drafter):
     def check_tree(self, tokens: np.ndarray) -> None:
         """Refuse a draft with a token beyond the model's vocabulary: an index built with
         another model's tokenizer (the only source of such tokens)."""
-        assert self.table is not None
-        vocab = self.table.vocab_size
-        if len(tokens) > 1 and int(tokens.max()) >= vocab:
-            assert self.index is not None
-            raise foreign_token_error(self.index.source, int(tokens.max()), vocab)
+        assert self.table is not None and self.index is not None
+        check_index_tokens(self.index.source, tokens, self.table.vocab_size)
 
     def observe(self, outcome: StepOutcome) -> None:
         """Copy-logit update (rejected nodes, then the accepted path) and automaton extension."""

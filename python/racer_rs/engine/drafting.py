@@ -29,8 +29,8 @@ import numpy as np
 from racer_rs._native import DraftPool
 from racer_rs.drafters import calibrated_options, make_drafter
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
-from racer_rs.drafters.racer import INDEX_OPTIONS, RacerDrafter, foreign_token_error
-from racer_rs.errors import InvalidTypeError, UnsupportedError
+from racer_rs.drafters.racer import INDEX_OPTIONS, RacerDrafter, check_index_tokens
+from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError
 
 #: Methods drafted for the whole batch by one DraftPool call per step.
 POOL_METHODS = frozenset({"racer", "racer_scored", "racer_retrieval", "racer_logits"})
@@ -162,10 +162,12 @@ class PoolDrafting(Drafting):
         proposals: list[Proposal | Exception] = []
         for i in range(len(rows)):
             tree = draft.tree(i)
-            if self.index is not None and len(tree.tokens) > 1 and int(tree.tokens.max()) >= self.vocab:
-                proposals.append(foreign_token_error(self.index.source, int(tree.tokens.max()), self.vocab))
-            else:
+            try:
+                if self.index is not None:
+                    check_index_tokens(self.index.source, tree.tokens, self.vocab)
                 proposals.append(Proposal(tree))
+            except InvalidArgumentError as error:  # that row's failure alone
+                proposals.append(error)
         return proposals
 
     def observe(self, rows: Sequence[int], outcomes: Sequence[StepOutcome]) -> list[Exception | None]:
