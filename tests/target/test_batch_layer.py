@@ -62,3 +62,27 @@ def test_a_permutation_moves_the_rows_it_names() -> None:
     assert layer.keys is not None
     assert [float(layer.keys[r, 0, 0, 0]) for r in range(3)] == [1.0, 4.0, 3.0]
     assert [float(layer.values[r, 0, 0, 0]) for r in range(3)] == [1.0, 4.0, 3.0]
+
+
+def test_a_batch_that_empties_keeps_its_cache_for_the_next_rows() -> None:
+    """One live row at a time (``max_batch_size=1``): each request must not allocate a new cache
+    (it cost 0.1 s a request on SmolLM2), and the next one sees none of the last one's columns."""
+    from racer_rs.target.batch_verifier import BatchVerifier
+    from tests.helpers import random_prompt, tiny_model
+
+    model = tiny_model("llama")
+    verifier = BatchVerifier(model)
+    verifier.prefill([random_prompt(1, 30)])
+    layer = verifier._layers()[0]
+    buffer = layer._key_buffer.data_ptr()
+    verifier.commit([None])  # the row finished: the batch is empty
+    assert verifier.batch == 0 and verifier.cache is not None
+    assert layer.keys is not None and tuple(layer.keys.shape[::2]) == (0, 0)
+    prompt = random_prompt(2, 12)
+    verifier.add_rows([prompt])
+    assert verifier._layers()[0] is layer and layer._key_buffer.data_ptr() == buffer
+    assert verifier.cache.get_seq_length() == 12 and verifier.lengths.tolist() == [12]
+    fresh = BatchVerifier(model)
+    fresh.prefill([prompt])
+    for got, want in zip(verifier._layers(), fresh._layers(), strict=True):
+        assert torch.equal(got.keys, want.keys) and torch.equal(got.values, want.values)
