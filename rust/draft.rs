@@ -139,7 +139,7 @@ pub fn build_draft_tree_shared(
             ScoredBuild::new(automaton, shared, &context, table, options, calibration)
                 .run(&mut builder, next);
         let recency = shared.map(|s| s.recency(&shared_used)).unwrap_or_default();
-        return Ok((builder.finish(), recency));
+        return Ok((within_vocabulary(builder.finish(), vocab)?, recency));
     }
     let mut recency = Recency::default();
     if options.use_retrieval {
@@ -158,7 +158,28 @@ pub fn build_draft_tree_shared(
     if options.use_logits {
         table.expand_into(&mut builder, options.capacity, options.exempt_depth);
     }
-    Ok((builder.finish(), recency))
+    Ok((within_vocabulary(builder.finish(), vocab)?, recency))
+}
+
+/// `tree`, unless retrieval put a token outside `0..vocab` in it: automata take any
+/// non-negative id, so an automaton filled with another tokenizer's ids (a shared index most
+/// often) would otherwise hand the engine ids its embedding does not have.
+///
+/// # Errors
+/// `InvalidArgument` naming the automaton the token came from (`shared` or `automaton`).
+fn within_vocabulary(tree: DraftTree, vocab: usize) -> Result<DraftTree> {
+    let Some(node) = tree.tokens().iter().position(|&t| t as usize >= vocab) else {
+        return Ok(tree);
+    };
+    let from_shared = edge_cells::kind(tree.cells()[node]) == edge_cells::EdgeKind::SharedRetrieval;
+    Err(invalid(
+        if from_shared { "shared" } else { "automaton" },
+        format!(
+            "drafted token {} is outside the vocabulary 0..{vocab}: the automaton holds another \
+             tokenizer's ids",
+            tree.tokens()[node]
+        ),
+    ))
 }
 
 /// Where a scored candidate comes from (the last tie-break, after its trie node).

@@ -521,6 +521,49 @@ def test_a_row_outside_the_table_is_an_error(vocab: int, past: int, accessor: st
     assert getattr(table, accessor)(vocab - 1) is None  # inside, never written: None
 
 
+# --- F2. automata holding another tokenizer's ids ----------------------------------------------------
+
+
+@FUZZ
+@given(
+    vocab=st.integers(20, 300),
+    beyond=st.integers(0, 10_000),
+    scored=st.booleans(),
+    use_logits=st.booleans(),
+    where=st.sampled_from(["shared", "automaton", "pool"]),
+)
+def test_a_draft_never_holds_a_token_beyond_the_vocabulary(
+    vocab: int, beyond: int, scored: bool, use_logits: bool, where: str
+) -> None:
+    """An automaton takes any non-negative id, the table and the pool know the vocabulary: a
+    retrieved continuation beyond it (an index built with another tokenizer) is one clear error
+    naming where it came from, never an id the model's embedding lacks."""
+    foreign = vocab + beyond
+    prompt = [3, 4, 5, 6, 7]
+    stored = racer_rs.Automaton(ngram=4, max_nodes=1000)
+    stored.extend([*prompt, 8, foreign, 9])
+    own = racer_rs.Automaton(ngram=4, max_nodes=1000)
+    own.extend(prompt[:-1])
+    options: dict[str, Any] = {"scored": scored, "use_logits": use_logits}
+    if where == "pool":
+        pool = racer_rs.DraftPool(vocab)
+        pool.add("a", prompt[:-1])
+        pool.add("b", [1, 2])
+        with pytest.raises(InvalidArgumentError, match=r"shared \('a'\): drafted token \d+ is outside the vocabulary"):
+            pool.propose(["b", "a"], [2, prompt[-1]], 8, shared=stored)
+        assert pool.propose(["b"], [2], 8, shared=stored).counts.tolist() == [1]  # the other request drafts
+        return
+    shared = stored if where == "shared" else None
+    automaton = own
+    if where == "automaton":  # the request's own automaton, its context ending as the prompt's
+        automaton = racer_rs.Automaton(ngram=4, max_nodes=1000)
+        automaton.extend([*prompt, 8, foreign, 9, *prompt[:-1]])
+    message = f"^{where}: drafted token {foreign} is outside the vocabulary 0..{vocab}"
+    with pytest.raises(InvalidArgumentError, match=message):
+        build_draft_tree(automaton, racer_rs.LogitsTable(vocab, 2), prompt[-1], 8, shared=shared, **options)
+    assert build_draft_tree(own, racer_rs.LogitsTable(vocab, 2), prompt[-1], 2, **options).tokens.max() < vocab
+
+
 # --- G. a replaced index file -----------------------------------------------------------------------
 
 

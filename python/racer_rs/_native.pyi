@@ -370,8 +370,10 @@ def build_draft_tree(
         The tree.
 
     Raises:
-        ValueError: if a size or token is out of range, ``calibration`` is malformed, or
-            ``shared`` is ``automaton`` itself.
+        ValueError: if a size or token is out of range, ``calibration`` is malformed,
+            ``shared`` is ``automaton`` itself, or a retrieved token is outside
+            ``0..table.vocab_size`` (the automaton it came from, named ``automaton`` or
+            ``shared``, holds another tokenizer's ids).
         TypeError: if an argument has the wrong type.
     """
 
@@ -636,7 +638,9 @@ class DraftPool:
             ValueError: (``InvalidArgumentError``) if ``ids`` is empty, an id is unknown or
                 repeated, ``last_tokens`` or ``capacity`` do not hold one entry per id, a
                 token is outside ``0..vocab_size``, a capacity is out of range, or the
-                calibration is malformed; the message names the request
+                calibration is malformed, or ``shared`` hands a request a token outside
+                ``0..vocab_size`` (it holds another tokenizer's ids: ``shared ('req-7'):
+                drafted token ...``); the message names the request
                 (``ids[3] ('req-7'): unknown request id``) and no request changes.
             TypeError: (``InvalidTypeError``) if an argument has the wrong type.
         """

@@ -579,3 +579,29 @@ fn ten_thousand_requests_cost_what_they_store() {
         "{stored} vs {a}"
     );
 }
+
+#[test]
+fn a_shared_continuation_beyond_the_vocabulary_is_refused_naming_the_request() {
+    let vocab = 20;
+    let mut shared = Automaton::new(5, 200, 1).unwrap();
+    shared.extend(&[3, 4, 5, 6, 7, 8, 25, 9]).unwrap();
+    for scored in [false, true] {
+        let pool = DraftPool::new(options(vocab, scored), 1).unwrap();
+        let (a, b) = (RequestId::Int(1), RequestId::Int(2));
+        pool.add(a.clone(), &[3, 4, 5, 6]).unwrap();
+        pool.add(b.clone(), &[1, 2]).unwrap();
+        let err = pool
+            .propose_shared(&[b.clone(), a], &[2, 7], &[8, 8], None, Some(&shared))
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("shared (1): drafted token 25 is outside the vocabulary 0..20"),
+            "{text}"
+        );
+        // Without the foreign continuation every tree stays inside the vocabulary.
+        let (ok, _) = pool
+            .propose_shared(&[b], &[2], &[8], None, Some(&shared))
+            .unwrap();
+        assert!(ok.trees()[0].tokens().iter().all(|&t| (t as usize) < vocab));
+    }
+}

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from racer_rs import _validate as rules
-from racer_rs._native import Automaton, DraftPool, LogitsTable, build_draft_tree
+from racer_rs._native import Automaton, DraftPool, DraftTree, LogitsTable, build_draft_tree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
 from racer_rs.drafters.index import LEARNS_INTO_INDEX, READ_ONLY_INDEX, SCOPES, SharedIndex, check_index, open_index
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
@@ -154,14 +154,20 @@ METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def check_index_tokens(source: str, tokens: np.ndarray, vocab: int) -> None:
-    """Refuse a draft with a token beyond the model's vocabulary: an index built with another
-    model's tokenizer (``source``, the only source of such tokens)."""
-    if len(tokens) > 1 and int(tokens.max()) >= vocab:
-        raise InvalidArgumentError(
-            f"index {source}: drafted token {int(tokens.max())} is outside the model's vocabulary "
-            f"(0..{vocab}): the index was built with another tokenizer"
-        )
+#: The core's words when a draft reaches a token beyond the vocabulary: an automaton holding
+#: another tokenizer's ids (only an index can: every other id the drafters see is checked).
+FOREIGN_IDS = "another tokenizer's ids"
+
+
+def foreign_index_error(source: str, vocab: int, error: InvalidArgumentError) -> InvalidArgumentError | None:
+    """The error to raise for ``error`` when it is the core refusing a draft of the shared
+    index ``source`` for a token beyond the model's vocabulary; ``None`` for any other error."""
+    if not str(error).startswith("shared") or FOREIGN_IDS not in str(error):
+        return None
+    return InvalidArgumentError(
+        f"index {source}: a drafted token is outside the model's vocabulary (0..{vocab}): the index "
+        "was built with another tokenizer"
+    )
 
 
 class RacerDrafter(Drafter):
@@ -280,33 +286,44 @@ class RacerDrafter(Drafter):
         best first by estimated path probability, calibrated per edge cell when given)."""
         assert self.table is not None, "begin() must be called first"
         scored = self.builds_scored(edge_calibration is not None)
-        tree = build_draft_tree(
-            self.automaton,
-            self.table,
-            next_token,
-            capacity,
-            use_retrieval=self.use_retrieval,
-            use_logits=self.use_logits,
-            exempt_depth=self.exempt_depth,
-            scored=scored,
-            min_score=self.min_score,
-            calibration=edge_calibration if scored else None,
-            shared=self.shared_automaton,
+        return Proposal(
+            self.build_tree(
+                next_token,
+                capacity,
+                use_retrieval=self.use_retrieval,
+                use_logits=self.use_logits,
+                scored=scored,
+                min_score=self.min_score,
+                calibration=edge_calibration if scored else None,
+            )
         )
-        if self.index is not None:
-            self.check_tree(tree.tokens)
-        return Proposal(tree)
 
     def builds_scored(self, calibrated: bool) -> bool:
         """Whether trees are built best first: always for ``tree="scored"``, with a calibration
         (``capacity="auto"``) for ``tree="auto"``."""
         return self.scored or (self.tree == "auto" and calibrated)
 
-    def check_tree(self, tokens: np.ndarray) -> None:
-        """Refuse a draft with a token beyond the model's vocabulary: an index built with
-        another model's tokenizer (the only source of such tokens)."""
-        assert self.table is not None and self.index is not None
-        check_index_tokens(self.index.source, tokens, self.table.vocab_size)
+    def build_tree(self, next_token: int, capacity: int, **options: Any) -> DraftTree:
+        """:func:`racer_rs.build_draft_tree` over this request's automaton, table and index
+        (``options`` as that function's); an index of another tokenizer is one clear error."""
+        assert self.table is not None
+        try:
+            return build_draft_tree(
+                self.automaton,
+                self.table,
+                next_token,
+                capacity,
+                exempt_depth=self.exempt_depth,
+                shared=self.shared_automaton,
+                **options,
+            )
+        except InvalidArgumentError as error:
+            if self.index is None:
+                raise
+            foreign = foreign_index_error(self.index.source, self.table.vocab_size, error)
+            if foreign is None:
+                raise
+            raise foreign from None
 
     def observe(self, outcome: StepOutcome) -> None:
         """Copy-logit update (rejected nodes, then the accepted path) and automaton extension."""

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from racer_rs._native import DraftTree, build_draft_tree
+from racer_rs._native import DraftTree
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
 from racer_rs.drafters.racer import METHOD_OPTIONS, RacerDrafter, RacerOptions
 from racer_rs.drafters.tts import TTSDrafter
@@ -117,18 +117,7 @@ class RacerTTSDrafter(Drafter):
         """The draft chain first, then retrieval paths and the logits tree."""
         assert self.racer.table is not None, "begin() must be called first"
         self._chain, _ = self.tts.draft_chain(context, next_token, min(self.tts.canvas, capacity - 1))
-        tree = build_draft_tree(
-            self.racer.automaton,
-            self.racer.table,
-            next_token,
-            capacity,
-            draft_chain=self._chain,
-            exempt_depth=self.racer.exempt_depth,
-            shared=self.racer.shared_automaton,
-        )
-        if self.racer.index is not None:
-            self.racer.check_tree(tree.tokens)
-        return Proposal(tree)
+        return Proposal(self.racer.build_tree(next_token, capacity, draft_chain=self._chain))
 
     def observe(self, outcome: StepOutcome) -> None:
         """RACER's upkeep, then (if adapting) the chain's canvas goes to the TTS learner."""

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from racer_rs._native import DraftPool
+from racer_rs._native import BatchDraft, DraftPool
 from racer_rs.drafters import calibrated_options, make_drafter
 from racer_rs.drafters.base import Drafter, Proposal, RequestStart, StepOutcome
-from racer_rs.drafters.racer import INDEX_OPTIONS, RacerDrafter, check_index_tokens
+from racer_rs.drafters.racer import INDEX_OPTIONS, RacerDrafter, foreign_index_error
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError
 
 #: Methods drafted for the whole batch by one DraftPool call per step.
@@ -151,24 +151,43 @@ class PoolDrafting(Drafting):
         capacities: Sequence[int],
         edge_calibration: np.ndarray | None,
     ) -> list[Proposal | Exception]:
-        """Every row's tree in one :meth:`DraftPool.propose` call (the shared index read by all)."""
-        draft = self.pool.propose(
+        """Every row's tree in one :meth:`DraftPool.propose` call (the shared index read by all).
+
+        The pool refuses a batch in which the index hands a row a token beyond the vocabulary
+        (an index of another tokenizer); the rows are then drafted one by one, so that only the
+        rows it reached fail, with the error :func:`racer_rs.generate` gives."""
+        calibration = edge_calibration if self.scored else None
+        try:
+            draft = self._pool_propose(rows, next_tokens, capacities, calibration)
+        except InvalidArgumentError as error:
+            if self.index is None or foreign_index_error(self.index.source, self.vocab, error) is None:
+                raise
+            return [self._propose_alone(*row, calibration) for row in zip(rows, next_tokens, capacities, strict=True)]
+        proposals: list[Proposal | Exception] = [Proposal(draft.tree(i)) for i in range(len(rows))]
+        return proposals
+
+    def _pool_propose(
+        self, rows: Sequence[int], next_tokens: Sequence[int], capacities: Sequence[int], calibration: np.ndarray | None
+    ) -> BatchDraft:
+        return self.pool.propose(
             list(rows),
             np.asarray(next_tokens, dtype=np.int32),
             np.asarray(capacities, dtype=np.int64),
-            calibration=edge_calibration if self.scored else None,
+            calibration=calibration,
             shared=self.index.automaton if self.index is not None else None,
         )
-        proposals: list[Proposal | Exception] = []
-        for i in range(len(rows)):
-            tree = draft.tree(i)
-            try:
-                if self.index is not None:
-                    check_index_tokens(self.index.source, tree.tokens, self.vocab)
-                proposals.append(Proposal(tree))
-            except InvalidArgumentError as error:  # that row's failure alone
-                proposals.append(error)
-        return proposals
+
+    def _propose_alone(
+        self, row: int, next_token: int, capacity: int, calibration: np.ndarray | None
+    ) -> Proposal | Exception:
+        assert self.index is not None
+        try:
+            return Proposal(self._pool_propose([row], [next_token], [capacity], calibration).tree(0))
+        except InvalidArgumentError as error:
+            foreign = foreign_index_error(self.index.source, self.vocab, error)
+            if foreign is None:
+                raise
+            return foreign  # that row's failure alone
 
     def observe(self, rows: Sequence[int], outcomes: Sequence[StepOutcome]) -> list[Exception | None]:
         """``RacerDrafter.observe`` for every row: copy-logit rows (rejected nodes first, the
