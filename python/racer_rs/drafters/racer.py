@@ -30,6 +30,7 @@ cells. The request's own automaton stays per request.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -154,19 +155,20 @@ METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-#: The core's words when a draft reaches a token beyond the vocabulary: an automaton holding
-#: another tokenizer's ids (only an index can: every other id the drafters see is checked).
-FOREIGN_IDS = "another tokenizer's ids"
+#: The core's words when the shared automaton hands a draft a token beyond the vocabulary (it
+#: holds another tokenizer's ids; only an index can: every other id the drafters see is checked).
+FOREIGN_IDS = re.compile(r"^shared\b.*: drafted token (\d+) is outside the vocabulary .*another tokenizer's ids")
 
 
 def foreign_index_error(source: str, vocab: int, error: InvalidArgumentError) -> InvalidArgumentError | None:
     """The error to raise for ``error`` when it is the core refusing a draft of the shared
     index ``source`` for a token beyond the model's vocabulary; ``None`` for any other error."""
-    if not str(error).startswith("shared") or FOREIGN_IDS not in str(error):
+    found = FOREIGN_IDS.match(str(error))
+    if found is None:
         return None
     return InvalidArgumentError(
-        f"index {source}: a drafted token is outside the model's vocabulary (0..{vocab}): the index "
-        "was built with another tokenizer"
+        f"index {source}: drafted token {found.group(1)} is outside the model's vocabulary (0..{vocab}): "
+        "the index was built with another tokenizer"
     )
 
 
