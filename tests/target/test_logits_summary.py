@@ -157,7 +157,9 @@ def test_topk_ids_take_nan_first_and_fail_when_broken(dtype: torch.dtype) -> Non
     logits[3, 1, 2500] = float("nan")
     check_summary(ids_alone(topk_ids), logits, 8, 1.0)
     assert topk_ids(logits, 8)[3, 1, 0] == 2500
-    last_dropped = ids_alone(lambda x, k: torch.cat([topk_ids(x, k + 1)[..., : k - 1], topk_ids(x, k + 1)[..., k:]], -1))
+    last_dropped = ids_alone(
+        lambda x, k: torch.cat([topk_ids(x, k + 1)[..., : k - 1], topk_ids(x, k + 1)[..., k:]], -1)
+    )
     highest_first = ids_alone(lambda x, k: x.shape[-1] - 1 - topk_ids(x.flip(-1), k))
     for broken, message in ((last_dropped, "values|lowest ids"), (highest_first, "argmax|lowest ids|id order")):
         with pytest.raises(AssertionError, match=message):
@@ -293,7 +295,7 @@ def _last_index_on_ties(logits: Any, k: int, temperature: float) -> tuple[Any, A
 
 
 def _kth_dropped(logits: Any, k: int, temperature: float) -> tuple[Any, Any, Any]:
-    ids, probs, greedy = logits_summary(logits, k + 1, temperature)
+    ids, _, greedy = logits_summary(logits, k + 1, temperature)
     keep = torch.cat([ids[..., : k - 1], ids[..., k:]], dim=-1)  # the (k+1)-th instead of the k-th
     return keep, oracle_probs(logits, keep, temperature), greedy
 

@@ -28,7 +28,6 @@ from racer_rs import _native
 from racer_rs import _validate as rules
 
 
-
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     """The argmax id of every row of ``[..., V]`` logits (the first one on ties, as ``argmax``).
 
@@ -96,7 +95,9 @@ def logits_summary(logits: torch.Tensor, k: int, temperature: float) -> tuple[to
     rows = logits.reshape(-1, logits.shape[-1])
     # Blocks of rows whose float copy stays in the cache: one float copy of a whole step's
     # [B * n, V] logits runs several times slower on the CPU. Each row's sum is its own.
-    norms = [torch.logsumexp(block.float() * scale if scale != 1.0 else block.float(), dim=-1) for block in rows.split(8)]
+    norms = [
+        torch.logsumexp(block.float() * scale if scale != 1.0 else block.float(), dim=-1) for block in rows.split(8)
+    ]
     log_norm = (torch.cat(norms) if norms else rows.new_zeros(0, dtype=torch.float32)).view(*lead, 1)
     return top, (values.float() * scale - log_norm).exp(), greedy_ids(logits)
 
