@@ -29,17 +29,14 @@ today's curve (``<cost key>-b<B>.json``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from racer_rs.autosize import state
-from racer_rs.autosize.cost_model import CURVE_CONTEXTS, CostModel, MachineLoad, synthetic_tree
+from racer_rs.autosize.cost_model import CURVE_CONTEXTS, CostModel, MachineLoad, measure_forward_cost
 from racer_rs.errors import InvalidArgumentError
-from racer_rs.target.verifier import vocab_size
 
 
 def best_batch_size(probabilities: Sequence[np.ndarray], step_seconds: np.ndarray) -> int:
@@ -89,39 +86,10 @@ def measure_batch_forward_cost(
     seed: int = 0,
 ) -> dict[int, float]:
     """Fastest seconds of one batched tree forward (``batch`` rows, each a ``size``-node tree) per
-    size, at a ``context``-token prefix in every row, through the real batched verification path.
-
-    Sizes are interleaved over the rounds so that machine noise hits every size alike; the fastest
-    round is kept (other load only ever adds time).
-    """
-    from racer_rs.target.batch_verifier import BatchVerifier
-
-    if batch < 1 or context < 1 or rounds < 1 or not sizes or min(sizes) < 1:
-        raise InvalidArgumentError("batch, context, rounds and every size must be >= 1")
-    verifier = BatchVerifier(model)
-    vocab = vocab_size(model)
-    prompt = np.random.default_rng(seed).integers(0, vocab, size=context, dtype=np.int64).astype(np.int32)
-    verifier.prefill([prompt])
-    verifier.keep_rows([0] * batch)  # one prefix copied to every row: the values do not matter
-    trees = {int(n): synthetic_tree(int(n), vocab) for n in sizes}
-
-    def synchronize() -> None:
-        if verifier.device.type == "cuda":
-            torch.cuda.synchronize(verifier.device)
-
-    samples: dict[int, list[float]] = {n: [] for n in trees}
-    order = list(trees)
-    for round_index in range(rounds + 1):
-        for n in order[round_index % len(order) :] + order[: round_index % len(order)]:
-            synchronize()
-            start = time.perf_counter()
-            verifier.forward_trees([trees[n]] * batch)
-            synchronize()
-            elapsed = time.perf_counter() - start
-            verifier.discard_uncommitted()  # the prefix stays put
-            if round_index > 0:
-                samples[n].append(elapsed)
-    return {n: float(min(times)) for n, times in samples.items()}
+    size, at a ``context``-token prefix in every row, through the engine's verification path
+    (:func:`racer_rs.autosize.cost_model.measure_forward_cost`; the fastest round is kept: other
+    load only ever adds time)."""
+    return measure_forward_cost(model, sizes, context=context, rounds=rounds, seed=seed, statistic=np.min, batch=batch)
 
 
 def measure_batch_cost_model(model: Any, batch: int, max_size: int, rounds: int = 3) -> CostModel:

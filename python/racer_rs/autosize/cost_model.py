@@ -2,7 +2,7 @@
 
 Speculative decoding pays off only when the tokens a tree adds are worth what verifying it costs,
 and that cost depends on the hardware: nearly flat up to 64 nodes on a datacenter GPU, steep on a
-CPU. :func:`measure_forward_cost` times the real verification path (:class:`TreeVerifier`: tree
+CPU. :func:`measure_forward_cost` times the engine's own verification path (tree
 mask, position ids, KV cache) at a given context length, interleaving the sizes over several rounds
 so that machine noise hits every size alike, and reports a statistic of the rounds per size (the
 median by default; the cost model keeps the fastest round, the least disturbed). :class:`CostModel`
@@ -20,7 +20,8 @@ import torch
 
 from racer_rs._native import DraftTree
 from racer_rs.errors import InvalidArgumentError
-from racer_rs.target.verifier import TreeVerifier, vocab_size
+from racer_rs.target.batch_verifier import BatchVerifier
+from racer_rs.target.verifier import vocab_size
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -39,28 +40,40 @@ def measure_forward_cost(
     rounds: int = 5,
     seed: int = 0,
     statistic: Callable[[list[float]], Any] = np.median,
+    batch: int = 1,
 ) -> dict[int, float]:
     """Median (or ``statistic``) seconds of one tree forward per tree size, at a
-    ``context``-token prefix.
+    ``context``-token prefix, through the engine's own verification path.
+
+    The engine verifies every batch size, one row included, with
+    :class:`racer_rs.target.batch_verifier.BatchVerifier` (tree masks, per-row positions, its
+    grouped-query attention that does not copy the KV cache per query head), so that is what is
+    timed: a curve timed on another path prices a step the engine never runs (the single-row
+    :class:`racer_rs.target.verifier.TreeVerifier` repeats the cache per query head and cost
+    SmolLM2-135M 2-3 ms more per multi-token step at a 500-token context).
 
     Args:
         model: the target (as given to :func:`racer_rs.generate`).
-        sizes: tree sizes to time (nodes, root included).
-        context: tokens already in the KV cache.
-        rounds: timed passes over every size (one untimed pass warms up first).
+        sizes: tree sizes to time (nodes per row, root included).
+        context: tokens already in the KV cache (of every row).
+        rounds: timed passes over every size (one untimed pass warms up first); sizes are
+            interleaved over the rounds so that machine noise hits every size alike.
         seed: seeds the random prefix.
+        batch: rows verified together, each with the same prefix and a ``size``-node tree.
 
     Returns:
-        ``{size: median seconds}``.
+        ``{size: statistic of the rounds' seconds}``.
     """
     if not sizes or any(int(n) < 1 for n in sizes):
         raise InvalidArgumentError(f"sizes must be positive tree sizes, got {list(sizes)}")
-    if context < 1 or rounds < 1:
-        raise InvalidArgumentError("context and rounds must be >= 1")
-    verifier = TreeVerifier(model)
+    if batch < 1 or context < 1 or rounds < 1:
+        raise InvalidArgumentError("batch, context and rounds must be >= 1")
+    verifier = BatchVerifier(model)
     vocab = vocab_size(model)
     prompt = np.random.default_rng(seed).integers(0, vocab, size=context, dtype=np.int64).astype(np.int32)
-    verifier.prefill(prompt)
+    verifier.prefill([prompt])
+    if batch > 1:
+        verifier.keep_rows([0] * batch)  # one prefix copied to every row: the values do not matter
     trees = {int(n): synthetic_tree(int(n), vocab) for n in sizes}
 
     def synchronize() -> None:
@@ -71,10 +84,9 @@ def measure_forward_cost(
     order = list(trees)
     for round_index in range(rounds + 1):
         for n in order[round_index % len(order) :] + order[: round_index % len(order)]:
-            tree = trees[n]
             synchronize()
             start = time.perf_counter()
-            verifier.forward_tree(tree.tokens, tree.depths, tree.attention_mask() if n > 1 else None)
+            verifier.forward_trees([trees[n]] * batch)
             synchronize()
             elapsed = time.perf_counter() - start
             verifier.discard_uncommitted()  # the prefix stays put
