@@ -1,7 +1,8 @@
 """racer_rs: fast, lossless, training-free speculative decoding with a Rust core.
 
 ``import racer_rs`` loads only the Rust core and numpy. The model layer
-(:func:`racer_rs.generate`, :func:`racer_rs.generate_batch`, :func:`racer_rs.load_model`, the self-draft API
+(:func:`racer_rs.generate`, :func:`racer_rs.generate_batch`, :func:`racer_rs.load_model`,
+:func:`racer_rs.pack_linear_weights`, the self-draft API
 :func:`racer_rs.self_draft`, :func:`racer_rs.load_self_draft`, :func:`racer_rs.distill_self_draft`)
 imports torch and transformers on first use.
 """
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from racer_rs.selfdraft.checkpoint import load_self_draft
     from racer_rs.selfdraft.distillation import DistillSettings, distill_self_draft
     from racer_rs.selfdraft.model import self_draft
+    from racer_rs.target.packed_linear import pack_linear_weights
 
 __all__ = [
     "EDGE_CELLS",
@@ -69,6 +71,7 @@ __all__ = [
     "generate_batch",
     "load_model",
     "load_self_draft",
+    "pack_linear_weights",
     "prompt_lookup",
     "resolve_model",
     "self_draft",
@@ -79,6 +82,7 @@ _LAZY = {
     "GenerationResult": "racer_rs.engine.generation",
     "generate_batch": "racer_rs.engine.generation",
     "load_model": "racer_rs.loading.models",
+    "pack_linear_weights": "racer_rs.target.packed_linear",
     "resolve_model": "racer_rs.loading.models",
     "self_draft": "racer_rs.selfdraft.model",
     "load_self_draft": "racer_rs.selfdraft.checkpoint",

@@ -18,6 +18,7 @@ from typing import Any
 from racer_rs._io import write_text_atomically
 from racer_rs.autosize.calibration import EdgeCalibration
 from racer_rs.autosize.cost_model import CostModel, measure_cost_model
+from racer_rs.target.packed_linear import packed_layers
 
 #: Cached-state format; files of another format are measured again.
 STATE_FORMAT = 1
@@ -62,13 +63,16 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def cost_key(model: Any) -> str:
-    """Key of a cost curve: model, device (its kind and the hardware), dtype and torch's thread count."""
+    """Key of a cost curve: model, device (its kind and the hardware), dtype, torch's thread count
+    and whether its linear weights are packed (:mod:`racer_rs.target.packed_linear`: another
+    curve)."""
     import torch
 
     parameter = next(model.parameters())
     device = parameter.device
     dtype = str(parameter.dtype).removeprefix("torch.")
-    return f"{model_key(model)}-{device.type}-{_hardware_id(device)}-{dtype}-{torch.get_num_threads()}t"
+    packed = "-packed" if packed_layers(model) else ""
+    return f"{model_key(model)}-{device.type}-{_hardware_id(device)}-{dtype}-{torch.get_num_threads()}t{packed}"
 
 
 def _hardware_id(device: Any) -> str:

@@ -281,7 +281,9 @@ def checkpoint_folder(source: ModelSource) -> str:
     return str(gguf_cache.converted_checkpoint(source.location))
 
 
-def load_model(spec: str | Path, *, dtype: Any = "float32", device: Any = "cpu") -> tuple[Any, Any]:
+def load_model(
+    spec: str | Path, *, dtype: Any = "float32", device: Any = "cpu", pack_weights: bool = True
+) -> tuple[Any, Any]:
     """Load a causal LM (eval mode) and its tokenizer.
 
     Args:
@@ -289,6 +291,10 @@ def load_model(spec: str | Path, *, dtype: Any = "float32", device: Any = "cpu")
             docstring).
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``, or the ``torch.dtype`` itself.
         device: a torch device or its name.
+        pack_weights: on the CPU in half precision, pack the linear layers' weights once where
+            that measures faster here (:func:`racer_rs.target.packed_linear.pack_linear_weights`:
+            the same results, multi-token forwards up to twice as fast, a packed copy of each
+            weight in memory); ``False`` leaves the model as transformers loads it.
 
     Returns:
         ``(model, tokenizer)``.
@@ -318,7 +324,12 @@ def load_model(spec: str | Path, *, dtype: Any = "float32", device: Any = "cpu")
         # a truncated or zero-filled safetensors file, shapes that do not match the config) fails
         # inside transformers and safetensors with many exception types
         raise ModelLoadError(f"cannot load model {spec}: {type(exc).__name__}: {_one_line(exc)}") from None
-    return model.to(device).eval(), tokenizer
+    model = model.to(device).eval()
+    if pack_weights:
+        from racer_rs.target.packed_linear import pack_linear_weights
+
+        pack_linear_weights(model)
+    return model, tokenizer
 
 
 def load_tokenizer(spec: str | Path) -> Any:
