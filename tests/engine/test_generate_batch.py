@@ -743,3 +743,27 @@ def test_gqa_attention_switches_the_model_only_inside_the_block() -> None:
     with pytest.raises(RuntimeError), gqa_attention(model):
         raise RuntimeError
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_forward_repeats_its_mask_once_and_the_next_forward_sees_its_own_mask() -> None:
+    from racer_rs.target import attention
+    from racer_rs.target.attention import gqa_attention, packed_gqa_attention
+
+    class Module(torch.nn.Module):
+        num_key_value_groups = 3
+
+    generator = torch.Generator().manual_seed(1)
+    query = torch.randn(1, 6, 4, 8, generator=generator)
+    key, value = torch.randn(2, 1, 2, 9, 8, generator=generator)
+    mask = torch.zeros(1, 1, 4, 9)
+    model = _model("qwen2")
+    with gqa_attention(model):
+        first, _ = packed_gqa_attention(Module(), query, key, value, mask)
+        again, _ = packed_gqa_attention(Module(), query, key, value, mask)  # the next layer
+        assert len(attention._REPEATED) == 1 and torch.equal(first, again)
+    assert attention._REPEATED == []
+    mask[..., 1:] = -1e30  # the verifier's next forward: the same tensor, written in place
+    with gqa_attention(model):
+        masked, _ = packed_gqa_attention(Module(), query, key, value, mask)
+    expected = value.repeat_interleave(3, dim=1)[:, :, :1].expand(1, 6, 4, 8).transpose(1, 2)
+    torch.testing.assert_close(masked, expected)  # only position 0 is visible now

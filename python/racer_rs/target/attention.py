@@ -57,11 +57,29 @@ def packed_gqa_attention(
     kv_heads = key.shape[1]
     # Heads are ordered kv head first (repeat_kv's order), so head h = k * groups + r.
     packed = query.reshape(batch, kv_heads, groups * n, dim)
-    mask = attention_mask.repeat(1, 1, groups, 1)
+    mask = _repeated_mask(attention_mask, groups)
     output = torch.nn.functional.scaled_dot_product_attention(
         packed, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
     )
     return output.reshape(batch, heads, n, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+#: The masks repeated for the folded query heads during the current forward:
+#: ``(mask, groups, repeated)``, emptied when a :func:`gqa_attention` block starts and ends.
+_REPEATED: list[tuple[torch.Tensor, int, torch.Tensor]] = []
+
+
+def _repeated_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
+    """``mask`` repeated ``groups`` times along the query axis, once per forward rather than once
+    per layer: every layer of a forward gets the same mask object (30 repeats of SmolLM2-135M's
+    cost 1.7 ms of a 45 ms 2-token step on this CPU), and nothing writes into it until the
+    forward is over. The held reference keeps a remembered mask alive, so identity is enough."""
+    for held, held_groups, repeated in _REPEATED:
+        if held is mask and held_groups == groups:
+            return repeated
+    repeated = mask.repeat(1, 1, groups, 1)
+    _REPEATED.append((mask, groups, repeated))
+    return repeated
 
 
 AttentionInterface.register(NAME, packed_gqa_attention)
@@ -81,7 +99,9 @@ def gqa_attention(model: Any) -> Iterator[None]:
         yield
         return
     config._attn_implementation = NAME
+    _REPEATED.clear()
     try:
         yield
     finally:
         config._attn_implementation = "sdpa"
+        _REPEATED.clear()
