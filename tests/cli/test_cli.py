@@ -372,3 +372,21 @@ def test_python_dash_m_generate_prints_plain_text_into_a_pipe(tiny_model):
     assert proc.stdout.strip()
     assert ANSI not in proc.stdout
     assert "MAT:" in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-pack-weights"]])
+def test_half_precision_models_are_packed_unless_no_pack_weights(tiny_model, monkeypatch, flag):
+    import argparse
+
+    from racer_rs.cli.common import LoadedModels, add_model_arguments
+    from racer_rs.target import packed_linear
+
+    monkeypatch.setattr(packed_linear, "packing_pays", lambda linear: True)  # whatever this CPU measures
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    args = parser.parse_args(["--model", str(tiny_model), "--dtype", "bfloat16", "--device", "cpu", *flag])
+    models = LoadedModels(args, ["pld"])
+    linears = sum(1 for m in models.model.modules() if isinstance(m, torch.nn.Linear))
+    assert models.packed_layers == packed_linear.packed_layers(models.model) == (0 if flag else linears)
+    float32 = LoadedModels(parser.parse_args(["--model", str(tiny_model), "--dtype", "float32"]), ["pld"])
+    assert float32.packed_layers == 0  # nothing to pack in float32

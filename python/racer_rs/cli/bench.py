@@ -331,6 +331,7 @@ def _config(
         "model": models.model_path,
         "draft_model": models.draft_path,
         "dtype": models.dtype,
+        "packed_linear_layers": models.packed_layers,
         "device": models.device,
         "data": data,
         "limit_per_file": limit,

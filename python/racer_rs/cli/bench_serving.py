@@ -161,6 +161,7 @@ def run_serving_bench(args: argparse.Namespace) -> int:
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "model": models.model_path,
             "dtype": models.dtype,
+            "packed_linear_layers": models.packed_layers,
             "device": models.device,
             "data": data,
             "requests": len(prompts),

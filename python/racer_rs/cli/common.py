@@ -96,7 +96,7 @@ def _float(text: str) -> float:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, default_threads: int = 0) -> None:
-    """Add --model, --draft-model, --dtype, --device, --threads and --option.
+    """Add --model, --draft-model, --dtype, --device, --no-pack-weights, --threads and --option.
 
     Args:
         parser: The subcommand's parser.
@@ -121,6 +121,13 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_threads: int = 
         "(default: auto)",
     )
     parser.add_argument("--device", default="auto", help="torch device, or auto (default: auto)")
+    parser.add_argument(
+        "--no-pack-weights",
+        dest="pack_weights",
+        action="store_false",
+        help="keep torch's own linear layers: do not pack half-precision CPU weights once "
+        "(racer_rs.pack_linear_weights; packed, multi-token forwards take up to half the time)",
+    )
     parser.add_argument(
         "--threads",
         type=thread_count,
@@ -284,6 +291,7 @@ class LoadedModels:
         from racer_rs.cli.loading import check_model, load_model
         from racer_rs.cli.resources import DEFAULT_DRAFTS, DEFAULT_TARGET_MODEL
         from racer_rs.loading.devices import resolve_device, resolve_dtype
+        from racer_rs.target.packed_linear import packed_layers
 
         self.model_path: str = args.model or DEFAULT_TARGET_MODEL
         check_model(self.model_path, "--model")
@@ -301,12 +309,17 @@ class LoadedModels:
 
         self.device = resolve_device(args.device)
         self.dtype: str = resolve_dtype(args.dtype, self.device)
-        self.model, self.tokenizer = load_model(self.model_path, self.dtype, self.device)
+        pack = getattr(args, "pack_weights", True)
+        self.model, self.tokenizer = load_model(self.model_path, self.dtype, self.device, pack_weights=pack)
+        #: Linear layers with packed weights (0: none; see ``--no-pack-weights``).
+        self.packed_layers = packed_layers(self.model)
         self.draft_model = None
         if self.draft_path is not None and self_made:
             self.draft_model = build_self_draft(self.draft_path, self.model)
         elif self.draft_path is not None:
-            self.draft_model, _ = load_model(self.draft_path, self.dtype, self.device, "--draft-model")
+            self.draft_model, _ = load_model(
+                self.draft_path, self.dtype, self.device, "--draft-model", pack_weights=pack
+            )
 
     def method_options(self, method: str, options: dict[str, Any]) -> dict[str, Any]:
         """Options to build ``method``'s drafter with: the user's plus the draft model if needed."""

@@ -30,7 +30,9 @@ def check_model(spec: str, what: str = "--model") -> ModelSource:
     return source
 
 
-def load_model(spec: str, dtype: str, device: str, what: str = "--model") -> tuple[Any, Any]:
+def load_model(
+    spec: str, dtype: str, device: str, what: str = "--model", pack_weights: bool = True
+) -> tuple[Any, Any]:
     """Load a causal LM (eval mode, on ``device``) and its tokenizer.
 
     Args:
@@ -38,6 +40,7 @@ def load_model(spec: str, dtype: str, device: str, what: str = "--model") -> tup
         dtype: One of :data:`DTYPES`.
         device: A torch device string (already resolved).
         what: The option the spec came from, for error messages.
+        pack_weights: Pack half-precision CPU linear weights once (``--no-pack-weights``: no).
 
     Raises:
         RacerError: The model cannot be loaded (its message names ``what``).
@@ -61,4 +64,4 @@ def load_model(spec: str, dtype: str, device: str, what: str = "--model") -> tup
         )
     hf_logging.disable_progress_bar()
     with error_context(what):
-        return model_loading.load_model(spec, dtype=dtype, device=device)
+        return model_loading.load_model(spec, dtype=dtype, device=device, pack_weights=pack_weights)
