@@ -30,9 +30,7 @@ def check_model(spec: str, what: str = "--model") -> ModelSource:
     return source
 
 
-def load_model(
-    spec: str, dtype: str, device: str, what: str = "--model", pack_weights: bool = True
-) -> tuple[Any, Any]:
+def load_model(spec: str, dtype: str, device: str, what: str = "--model", pack_weights: bool = True) -> tuple[Any, Any]:
     """Load a causal LM (eval mode, on ``device``) and its tokenizer.
 
     Args:
