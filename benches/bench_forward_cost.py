@@ -4,6 +4,9 @@ Times one verification forward (tree mask, KV cache) of n = 1, 2, 4, ..., 64 tre
 ``--context``-token prefix, for every ``--dtype`` x ``--threads`` combination, and prints the
 milliseconds and the ratio to n = 1: how much a bigger tree costs on this machine.
 
+Half-precision weights are packed as ``load_model`` packs them (``--no-pack-weights``: torch's own
+layers; ``benches/bench_packed_linear.py`` puts the two side by side).
+
 Example (the README's cost table, SmolLM2-135M-Instruct on this CPU):
     python benches/bench_forward_cost.py --model smollm2-135m-instruct --dtype float32 bfloat16 --threads 1 2
 """
@@ -30,11 +33,14 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", help="write the curves as JSON here")
+    parser.add_argument(
+        "--no-pack-weights", dest="pack_weights", action="store_false", help="keep torch's own linear layers"
+    )
     args = parser.parse_args()
 
     curves = {}
     for dtype in args.dtype:
-        model, _ = load_model(args.model, dtype=dtype)
+        model, _ = load_model(args.model, dtype=dtype, pack_weights=args.pack_weights)
         for threads in args.threads:
             torch.set_num_threads(threads)
             cost = measure_forward_cost(model, args.sizes, context=args.context, rounds=args.rounds)

@@ -3,11 +3,12 @@
 A tree verification forward multiplies a few tokens (2 to 64 per row) by every weight matrix. In
 bfloat16 on an x86 CPU, torch's ``F.linear`` has a fast matrix-vector path for one token, but
 with two tokens or more it hands the product to oneDNN, which reorders (packs) the whole weight
-matrix into its blocked layout on every call: on this project's 2-core EPYC one SmolLM2-135M
-MLP projection takes 54 us for one token and 118 us for two (the packing, not the arithmetic),
-so a 2-token tree forward cost 1.54x a one-token forward and no draft could pay for less than
-that. Packed once, the same product takes 55 us for two tokens and 69 us for sixteen, and the
-whole 2-token forward costs 1.18x the one-token one (``python benches/bench_packed_linear.py``).
+matrix into its blocked layout on every call: on this project's 2-core EPYC (one thread) one
+SmolLM2-135M MLP projection takes 70 us for one token and 136 us for two (the packing, not the
+arithmetic), so a 2-token tree forward cost 1.40x a one-token forward and no draft could pay for
+less than that. Packed once, the same product takes 66 us for two tokens and 79 us for sixteen,
+and the whole 2-token forward costs 1.09x the one-token one
+(``python benches/bench_packed_linear.py``).
 
 :func:`pack_linear_weights` turns every plain ``nn.Linear`` of a model whose weights are
 bfloat16 or float16 on the CPU into a :class:`PackedLinear` (the same module object: its class is
@@ -146,9 +147,20 @@ def packing_pays(linear: torch.nn.Linear) -> bool:
                 fast = _fastest(lambda x=x: _packed_product(x, packed, bias))
                 if fast >= plain:
                     return False
-    except RuntimeError:  # an oneDNN build without this dtype or op
+    except (RuntimeError, TypeError, ValueError):  # an oneDNN build without this dtype or op
         return False
     return True
+
+
+def _most_weight(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
+    """A layer of the weight shape that holds most of the model's weights (where its forwards
+    spend their time: the MLP projections of a transformer, not its one output head)."""
+    totals: dict[tuple[int, ...], int] = {}
+    for linear in linears:
+        shape = tuple(linear.weight.shape)
+        totals[shape] = totals.get(shape, 0) + linear.weight.numel()
+    heaviest = max(totals, key=lambda shape: totals[shape])
+    return next(linear for linear in linears if tuple(linear.weight.shape) == heaviest)
 
 
 def pack_linear_weights(model: torch.nn.Module, *, measure: bool = True) -> int:
@@ -157,8 +169,9 @@ def pack_linear_weights(model: torch.nn.Module, *, measure: bool = True) -> int:
     Args:
         model: a torch model; layers on another device, in float32 or of another class are left
             as they are.
-        measure: pack only if the packed product measures faster than ``F.linear`` here (on the
-            largest such layer); ``False`` packs wherever the kernels exist.
+        measure: pack only if the packed product measures faster than ``F.linear`` here (on a
+            layer of the shape that holds most weights); ``False`` packs wherever the kernels
+            exist.
 
     Returns:
         The number of layers packed (0: nothing to pack, no such kernel, or no gain here).
@@ -166,7 +179,7 @@ def pack_linear_weights(model: torch.nn.Module, *, measure: bool = True) -> int:
     linears = _plain_linears(model)
     if not linears or not _ops_available():
         return 0
-    if measure and not packing_pays(max(linears, key=lambda m: m.weight.numel())):
+    if measure and not packing_pays(_most_weight(linears)):
         return 0
     for linear in linears:
         linear.__class__ = PackedLinear
