@@ -22,7 +22,7 @@ from racer_rs import EDGE_CELLS, DraftTree, edge_cell_priors  # noqa: E402
 from racer_rs._native import edge_cell_groups  # noqa: E402
 from racer_rs.autosize import state as tree_state  # noqa: E402
 from racer_rs.autosize.calibration import PRIOR_WEIGHT, EdgeCalibration, path_probabilities  # noqa: E402
-from racer_rs.autosize.cost_model import CostModel, size_bucket  # noqa: E402
+from racer_rs.autosize.cost_model import CostModel, bucket_start, size_bucket  # noqa: E402
 from racer_rs.autosize.sizer import EXPLORE_AFTER, TreeSizer, best_first_order, best_prefix_size, subtree  # noqa: E402
 from racer_rs.target.sampling import SamplingConfig  # noqa: E402
 from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, tiny_llama, tiny_model  # noqa: E402
@@ -548,9 +548,11 @@ def test_small_sizes_learn_their_own_shape():
     assert predicted[3] / predicted[1] == pytest.approx(0.8 * measured[3] / measured[1], rel=0.05)
 
 
-def test_size_buckets_are_exact_for_small_sizes_then_powers_of_two():
+def test_size_buckets_are_exact_for_small_sizes_then_end_at_the_measured_powers_of_two():
     assert [size_bucket(n) for n in (1, 2, 3, 8)] == [0, 1, 2, 7]
-    assert size_bucket(9) == size_bucket(15) != size_bucket(16) == size_bucket(31) != size_bucket(32)
+    assert size_bucket(9) == size_bucket(16) != size_bucket(17) == size_bucket(32) != size_bucket(33)
+    assert size_bucket(33) == size_bucket(64) != size_bucket(65)
+    assert [bucket_start(size_bucket(n)) for n in (1, 8, 9, 16, 17, 32, 33, 64, 65)] == [1, 8, 9, 9, 17, 17, 33, 33, 65]
 
 
 def test_shape_factors_stored_over_other_buckets_are_not_read():
@@ -559,3 +561,17 @@ def test_shape_factors_stored_over_other_buckets_are_not_read():
     cost = steep_cost()
     cost.shape = {1: 3.0}
     assert CostModel.from_state(json.loads(json.dumps(cost.state()))).shape == {1: 3.0}
+
+
+def test_a_surcharge_between_measured_sizes_does_not_price_the_measured_size_below_it():
+    """Kernels that work in blocks of 16 rows make 17..31 nodes cost more than the line between
+    the measured 16 and 32; what steps of 24 nodes teach must not make 16 nodes look dearer
+    (with 16 in the 17..31 bucket, auto never verified more than 15 nodes)."""
+    cost = steep_cost(per_node=0.01)
+    measured = {n: float(cost.measured_seconds(np.array([n]), 128)[0]) for n in (12, 15, 16, 24)}
+    for _ in range(300):
+        cost.observe(24, 128, forward=1.12 * measured[24], overhead=0.0)
+        cost.observe(12, 128, forward=measured[12], overhead=0.0)
+    predicted = {n: float(cost.forward_seconds(np.array([n]), 128)[0]) for n in (15, 16, 24)}
+    assert predicted[24] / predicted[16] > 1.05 * measured[24] / measured[16]  # the surcharge is learned
+    assert predicted[16] / predicted[15] == pytest.approx(measured[16] / measured[15], rel=0.01)  # 16 keeps its price

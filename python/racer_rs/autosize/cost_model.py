@@ -116,28 +116,32 @@ SHAPE_RANGE = (1 / 4, 4.0)
 #: Sizes up to this one have a shape bucket each; bigger ones share one per power of two.
 EXACT_BUCKETS = 8
 #: The bucket layout of stored shape factors (states with another layout start from shape 1).
-BUCKET_SCHEME = 2
+BUCKET_SCHEME = 3
 
 
 def size_bucket(n: int) -> int:
     """The shape bucket of a ``n``-node step: ``n - 1`` up to :data:`EXACT_BUCKETS` nodes, then
-    one per power of two (9..15 -> 8, 16..31 -> 9, ...).
+    one per power of two, ending at it (9..16 -> 8, 17..32 -> 9, 33..64 -> 10, ...).
 
     Small sizes are where batched steps are decided (a padded size of 2 or 3 for every row), and
     their real costs part from the measured curve differently: one bucket for 2..3 nodes learned
-    a compromise that underpriced both.
+    a compromise that underpriced both. A bigger bucket ends at the power of two the curve is
+    measured at: the kernels work in blocks of 16 rows, so 17 to 31 nodes cost more than the
+    straight line between the measured 16 and 32 (SmolLM2-135M bf16 on this CPU: 50.6 ms at 16,
+    53.9 at 17, 60.9 at 31, 57.3 at 32), and a bucket 16..31 learned that surcharge for 16 as
+    well: ``capacity="auto"`` then never verified more than 15 nodes.
     """
     n = max(1, int(n))
     if n <= EXACT_BUCKETS:
         return n - 1
-    return EXACT_BUCKETS + n.bit_length() - EXACT_BUCKETS.bit_length()
+    return EXACT_BUCKETS + (n - 1).bit_length() - EXACT_BUCKETS.bit_length()
 
 
 def bucket_start(bucket: int) -> int:
     """The smallest size of shape bucket ``bucket`` (:func:`size_bucket`'s inverse on its first sizes)."""
     if bucket < EXACT_BUCKETS:
         return bucket + 1
-    return max(EXACT_BUCKETS + 1, 1 << (bucket - EXACT_BUCKETS + EXACT_BUCKETS.bit_length() - 1))
+    return (1 << (bucket - EXACT_BUCKETS + EXACT_BUCKETS.bit_length() - 1)) + 1
 
 
 def _clip(value: float, bounds: tuple[float, float]) -> float:
