@@ -2,11 +2,15 @@
 
 Two measurements, packed and unpacked interleaved round by round (this machine's speed drifts):
 
-1. one weight matrix of the model (its largest MLP projection) multiplied by 1, 2, 4, ... 64
-   token rows with torch's ``F.linear`` and with the packed oneDNN product;
+1. one weight matrix of the model (of the shape holding most of its weights, the one
+   ``pack_linear_weights`` probes) multiplied by 1, 2, 4, ... 64 token rows with torch's
+   ``F.linear`` and with the packed oneDNN product;
 2. the model's verification forward (the engine's path, one row) of n = 1, 2, 4, ... 64 tree
    tokens after a ``--context``-token prefix, its weights unpacked and packed: milliseconds and
    the ratio to n = 1, the cost curve ``capacity="auto"`` decides with.
+
+It also prints the memory the packed copies take and whether the model's logits over a
+``--context``-token input are the same packed and unpacked (the largest difference).
 
 Example (the README's figures, SmolLM2-135M-Instruct on this CPU):
     python benches/bench_packed_linear.py --model smollm2-135m-instruct --dtype bfloat16 --threads 1 2
@@ -61,15 +65,27 @@ def main() -> None:
 
     for dtype in args.dtype:
         model, _ = load_model(args.model, dtype=dtype, pack_weights=False)
-        mlp = max(
-            (m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.shape[0] < 20_000),
-            key=lambda m: m.weight.numel(),
-        )
+        linears = packed_linear._plain_linears(model)
+        mlp = packed_linear._most_weight(linears)
+        copies = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+        ids = torch.randint(0, model.config.vocab_size, (1, args.context), generator=torch.Generator().manual_seed(0))
         for threads in args.threads:
             torch.set_num_threads(threads)
+            with torch.no_grad():
+                plain = model(ids).logits
+                pack_linear_weights(model, measure=False)
+                packed = model(ids).logits
+                unpack_linear_weights(model)
+            difference = (plain.float() - packed.float()).abs().max().item()
+            print(
+                f"\n{args.model} {dtype}, {threads} thread(s): {len(linears)} linear layers, packed copies "
+                f"{copies / 1e9:.2f} GB; logits over {args.context} tokens "
+                f"{'identical' if torch.equal(plain, packed) else 'differ'} packed and unpacked "
+                f"(largest difference {difference:.3g})"
+            )
             times = layer_times(mlp, args.sizes, args.rounds)
             shape = "x".join(str(d) for d in mlp.weight.shape)
-            print(f"\n{args.model} {dtype}, {threads} thread(s): one {shape} product, us (median of {args.rounds})")
+            print(f"{args.model} {dtype}, {threads} thread(s): one {shape} product, us (median of {args.rounds})")
             print("rows      " + "".join(f"{n:>8d}" for n in args.sizes))
             for name, by in times.items():
                 print(f"{name:10s}" + "".join(f"{by[n]:8.1f}" for n in args.sizes))

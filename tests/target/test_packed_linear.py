@@ -1,5 +1,5 @@
 """Half-precision linear layers with their weights packed once (``racer_rs.target.packed_linear``):
-the same results as ``F.linear`` (bit for bit without a bias, to the last bit with one), the packed
+the same results as ``F.linear`` at tree sizes (bit for bit without a bias, to the last bit with one), the packed
 copy never used stale or under autograd,
 the model otherwise as it was (parameters, ties, copies, state dict), and nothing packed where it
 does not pay."""

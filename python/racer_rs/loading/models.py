@@ -293,8 +293,8 @@ def load_model(
         device: a torch device or its name.
         pack_weights: on the CPU in half precision, pack the linear layers' weights once where
             that measures faster here (:func:`racer_rs.target.packed_linear.pack_linear_weights`:
-            the same results, multi-token forwards up to twice as fast, a packed copy of each
-            weight in memory); ``False`` leaves the model as transformers loads it.
+            the same products up to half precision's last bits, multi-token forwards up to twice
+            as fast, a packed copy of each weight in memory); ``False`` leaves the model as transformers loads it.
 
     Returns:
         ``(model, tokenizer)``.

@@ -13,12 +13,14 @@ and the whole 2-token forward costs 1.09x the one-token one
 :func:`pack_linear_weights` turns every plain ``nn.Linear`` of a model whose weights are
 bfloat16 or float16 on the CPU into a :class:`PackedLinear` (the same module object: its class is
 swapped, its parameters, hooks and tied weights stay as they were) that keeps a packed copy of its
-weight next to it. The product is oneDNN's, as ``F.linear``'s is for several rows: without a bias
-the results are the same bit for bit; with one, oneDNN adds the bias before the single rounding to
-half precision where torch's own small-matrix path may round the product first, so a value may
-differ in its last bit, as half-precision kernels for one and for several tokens already do
-(greedy outputs in half precision may part only at near-ties either way). It uses the packed copy
-only where that pays and is safe:
+weight next to it. The product is oneDNN's, as ``F.linear``'s is for several rows, but not
+always bit for bit: at tree-verification sizes a bias-free layer gave the same bits here, while
+a layer with a bias may get it added before the single rounding to half precision (torch's own
+small-matrix path may round the product first), and a big product (a prefill of a few hundred
+rows on two threads) is split differently over the threads for a packed weight. Values may then
+differ in their last bits, as half-precision kernels for one and for several tokens already do:
+greedy outputs in half precision may part only at near-ties either way, which ``racer bench``
+checks. It uses the packed copy only where that pays and is safe:
 
 - more than one token row (one row keeps torch's matrix-vector path, as fast and already exact);
 - no gradient needed (training, e.g. Test-Time Speculation's draft updates, takes ``F.linear``);
