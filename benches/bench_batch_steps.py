@@ -10,7 +10,8 @@ all ``B`` rows live, per padded tree size (nodes per row): how many, the median 
 step milliseconds, and the tokens every row committed per step. A label is ``method`` or
 ``method@capacity`` (``racer@1`` is racer's bookkeeping without drafting), optionally followed by
 ``:draft`` or ``:plain`` to hold ``capacity="auto"``'s drafting switch in one mode above one row
-(``racer:plain`` never drafts in a batch, ``racer:draft`` always does). The last lines give every
+(``racer:plain`` never drafts in a batch, ``racer:draft`` always does), or by ``:padded`` to
+verify every step padded to its largest tree instead of flat. The last lines give every
 label's tokens/s over the first label's, per round (a round: the labels' n-th runs) and their mean.
 """
 
@@ -27,7 +28,8 @@ import torch
 
 import racer_rs
 from bench_engine_overhead import chat_prompts  # benches/ is the script's folder
-from racer_rs.engine import capacity
+from racer_rs.engine import capacity, generation
+from racer_rs.target.batch_verifier import BatchVerifier
 
 #: Every verified step's (rows, padded size, verify seconds, step seconds, tokens committed).
 STEPS: list[tuple[int, int, float, float, int]] = []
@@ -50,10 +52,13 @@ def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens
     spec, _, mode = label.partition(":")
     method, _, size = spec.partition("@")
     switch = capacity.AutoCapacity.drafts
-    if mode:
+    if mode == "padded":  # every step padded to its largest tree, as before flat forwards
+        generation.BatchVerifier = lambda model: BatchVerifier(model, flat_forwards=False)  # type: ignore[assignment,misc]
+    elif mode:
         drafts = {"draft": True, "plain": False}[mode]
         capacity.AutoCapacity.drafts = lambda self, rows: rows == 1 or drafts  # type: ignore[method-assign]
     STEPS.clear()
+    capacity._switches.clear()  # every run learns its own drafting switch, as a new process would
     started = time.perf_counter()
     results = racer_rs.generate_batch(
         model,
@@ -65,6 +70,7 @@ def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens
     )
     wall = time.perf_counter() - started
     capacity.AutoCapacity.drafts = switch  # type: ignore[method-assign]
+    generation.BatchVerifier = BatchVerifier  # type: ignore[misc]
     tokens = sum(len(r.tokens) for r in results)
     in_steps = sum(step[3] for step in STEPS)
     print(f"{label}: {tokens / wall:.1f} tok/s, wall {wall:.1f} s, in steps {in_steps:.1f} s ({len(STEPS)} steps)")
@@ -90,10 +96,11 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--methods", default="ar,racer,ar,racer")
+    parser.add_argument("--data", nargs="*", help="prompt files (default: the shipped Spec-Bench)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = racer_rs.load_model(args.model, dtype=args.dtype)
-    prompts = chat_prompts(tokenizer, args.prompts)
+    prompts = chat_prompts(tokenizer, args.prompts, args.data)
     record_steps()
     # Warm-up (and capacity="auto"'s cost curves on first use).
     racer_rs.generate_batch(model, prompts[: args.batch], method="racer", max_new_tokens=8, max_batch_size=args.batch)

@@ -65,9 +65,10 @@ def measure(model: Any, prompts: list[list[int]], label: str, batch: int, new_to
     }
 
 
-def chat_prompts(tokenizer: Any, count: int) -> list[list[int]]:
-    """``count`` prompts: the shipped Spec-Bench first turns with the chat template, repeated."""
-    questions = load_benchmark([resolve_shipped(p, "data") for p in DEFAULT_BENCH_DATA], None)
+def chat_prompts(tokenizer: Any, count: int, data: list[str] | None = None) -> list[list[int]]:
+    """``count`` prompts: the first turns of ``data`` (the shipped Spec-Bench by default) with
+    the chat template, repeated."""
+    questions = load_benchmark([resolve_shipped(p, "data") for p in (data or DEFAULT_BENCH_DATA)], None)
     prompts = [encode_conversation(tokenizer, q.turns[:1], []) for q in questions if q.mode != "completion"]
     return (prompts * (1 + count // max(1, len(prompts))))[:count]
 

@@ -27,7 +27,15 @@ pytest.importorskip("transformers")
 import racer_rs  # noqa: E402
 from racer_rs.autosize import batch_sizer as batch_sizing  # noqa: E402
 from racer_rs.autosize import state as tree_size  # noqa: E402
-from racer_rs.autosize.batch_sizer import BatchCosts, best_batch_size, bucket_sizes, interpolated  # noqa: E402
+from racer_rs.autosize.batch_sizer import (  # noqa: E402
+    BatchCosts,
+    TokenShare,
+    best_batch_size,
+    best_flat_sizes,
+    bucket_sizes,
+    flat_step_seconds,
+    interpolated,
+)
 from racer_rs.autosize.cost_model import CostModel, MachineLoad, synthetic_tree  # noqa: E402
 from racer_rs.autosize.sizer import Ranking, best_prefix_size  # noqa: E402
 from racer_rs.drafters.base import Proposal  # noqa: E402
@@ -35,7 +43,8 @@ from racer_rs.engine import capacity, generation  # noqa: E402
 from racer_rs.engine.capacity import AutoCapacity  # noqa: E402
 from racer_rs.engine.decode_engine import DecodeEngine, DecodeState, Verification, Verified  # noqa: E402
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError  # noqa: E402
-from racer_rs.target.batch_verifier import BatchVerifier  # noqa: E402
+from racer_rs.target import attention  # noqa: E402
+from racer_rs.target.batch_verifier import BatchVerifier, tree_offsets  # noqa: E402
 from racer_rs.target.sampling import SamplingConfig, process_logits, resample_node  # noqa: E402
 from racer_rs.target.verifier import TreeVerifier  # noqa: E402
 from tests.helpers import FAMILIES, REPEATING_PROMPT, plain_greedy, plain_sampling, random_prompt, tiny_model  # noqa: E402
@@ -294,14 +303,17 @@ def _chain_path(tree: Any, node: int) -> np.ndarray:
     return np.asarray(path[::-1], dtype=np.int64)
 
 
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "padded"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_the_ragged_cache_holds_every_row_s_own_cache(family: str) -> None:
+def test_the_ragged_cache_holds_every_row_s_own_cache(family: str, flat: bool) -> None:
     """Step by step, with rows accepting different paths and one row leaving, every row's valid
-    columns hold what a one-request verifier holds, and its logits are that verifier's."""
+    columns hold what a one-request verifier holds, and its logits are that verifier's: trees
+    of different sizes verified flat (the real nodes only) or padded."""
     model = _model(family)
     vocab = model.config.vocab_size
     prompts = [np.asarray(random_prompt(seed, length), dtype=np.int32) for seed, length in [(3, 5), (4, 21), (5, 12)]]
-    batch = BatchVerifier(model)
+    batch = BatchVerifier(model, flat_forwards=flat)
+    assert batch.flat == flat
     batch.prefill(prompts)
     alone = []
     for prompt in prompts:
@@ -313,10 +325,12 @@ def test_the_ragged_cache_holds_every_row_s_own_cache(family: str) -> None:
     for step in range(6):
         trees = [synthetic_tree(int(rng.integers(1, 12)), vocab, branching=int(rng.integers(1, 4))) for _ in rows]
         logits = batch.forward_trees(trees)
+        assert logits.shape[0] == sum(len(tree) for tree in trees)
         paths: list[np.ndarray | None] = []
-        for index, (row, tree) in enumerate(zip(rows, trees, strict=True)):
+        offsets = tree_offsets([len(tree) for tree in trees])
+        for start, row, tree in zip(offsets, rows, trees, strict=True):
             single = alone[row].forward_tree(tree.tokens, tree.depths, tree.attention_mask() if len(tree) > 1 else None)
-            torch.testing.assert_close(logits[index, : len(tree)], single, rtol=0, atol=1e-5)
+            torch.testing.assert_close(logits[start : start + len(tree)], single, rtol=0, atol=1e-5)
             path = _chain_path(tree, int(rng.integers(len(tree))))
             alone[row].commit(path)
             paths.append(None if (step == 2 and row == 1) else path)  # row 1 leaves after step 2
@@ -331,6 +345,39 @@ def test_the_ragged_cache_holds_every_row_s_own_cache(family: str) -> None:
                 assert mine.values is not None and theirs.values is not None
                 torch.testing.assert_close(mine.keys[index, :, :length], theirs.keys[0], rtol=0, atol=1e-5)
                 torch.testing.assert_close(mine.values[index, :, :length], theirs.values[0], rtol=0, atol=1e-5)
+    assert batch.flat == flat  # no layer fell back to padded forwards
+
+
+def test_a_model_whose_attention_cannot_run_flat_verifies_padded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attention call the flat layout does not cover (here: every call) makes the verifier
+    discard the flat step, verify it padded, and stay padded; the logits are the padded ones."""
+    model = _model("llama")
+    prompts = [np.asarray(random_prompt(seed, 9), dtype=np.int32) for seed in (1, 2)]
+    trees = [synthetic_tree(5, model.config.vocab_size), synthetic_tree(2, model.config.vocab_size)]
+    padded = BatchVerifier(model, flat_forwards=False)
+    padded.prefill(prompts)
+    expected = padded.forward_trees(trees)
+
+    def unsupported(*args: Any, **kwargs: Any) -> Any:
+        raise attention.FlatLayoutUnsupported("test")
+
+    monkeypatch.setattr(attention, "_flat_attention", unsupported)
+    verifier = BatchVerifier(model)
+    verifier.prefill(prompts)
+    assert verifier.flat
+    logits = verifier.forward_trees(trees)
+    assert not verifier.flat and verifier.cache is not None
+    assert verifier.cache.get_seq_length() == verifier.physical + 5  # the flat attempt's columns went
+    torch.testing.assert_close(logits, expected, rtol=0, atol=0)
+
+
+def test_an_eager_attention_model_never_runs_flat() -> None:
+    model = _model("llama")
+    model.config._attn_implementation = "eager"
+    try:
+        assert not BatchVerifier(model).flat
+    finally:
+        model.config._attn_implementation = "sdpa"
 
 
 def test_the_mask_blocks_holes_and_isolates_padding_nodes() -> None:
@@ -480,6 +527,55 @@ def test_at_one_row_the_batch_rule_is_today_s_rule(probabilities, base, steps):
     assert best_batch_size([np.asarray(probabilities)], seconds) == best_prefix_size(np.asarray(probabilities), seconds)
 
 
+def flat_rate(probabilities: list[list[float]], seconds: list[float], share: float, sizes: Any) -> float:
+    """Expected tokens per second of a flat step in which row ``b`` verifies ``sizes[b]`` nodes."""
+    batch, m = len(probabilities), int(max(sizes))
+    extra = np.full(len(seconds), sum(int(n) - 1 for n in sizes), dtype=np.float64)
+    cost = flat_step_seconds(np.asarray(seconds), np.full(len(seconds), share), extra, batch)[m - 1]
+    return sum(1 + sum(p[: int(n) - 1]) for p, n in zip(probabilities, sizes, strict=True)) / float(cost)
+
+
+def brute_force_flat_rate(probabilities: list[list[float]], seconds: list[float], share: float) -> float:
+    """The oracle: the best rate over EVERY combination of per-row prefix sizes of a flat step."""
+    choices = [range(1, min(len(seconds), len(p) + 1) + 1) for p in probabilities]
+    return max(flat_rate(probabilities, seconds, share, sizes) for sizes in itertools.product(*choices))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(row_probabilities, min_size=1, max_size=3), st.floats(0.01, 5.0), increments, st.floats(0.0, 1.0))
+def test_the_flat_rule_matches_the_brute_force_oracle(probabilities, base, steps, share):
+    seconds = list(base + np.cumsum([0.0, *steps])[: len(steps)])
+    sizes = best_flat_sizes([np.asarray(p) for p in probabilities], np.asarray(seconds), np.full(len(seconds), share))
+    assert all(1 <= n <= min(len(seconds), len(p) + 1) for n, p in zip(sizes, probabilities, strict=True))
+    best = brute_force_flat_rate(probabilities, seconds, share)
+    assert flat_rate(probabilities, seconds, share, sizes) >= best * (1 - 1e-9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(row_probabilities, min_size=1, max_size=3), st.floats(0.01, 5.0), increments)
+def test_with_no_token_share_the_flat_rule_fills_the_padding(probabilities, base, steps):
+    """A forward that cannot run flat (share 0): every row keeps its nodes up to the padded size."""
+    seconds = np.asarray(base + np.cumsum([0.0, *steps])[: len(steps)])
+    sizes = best_flat_sizes([np.asarray(p) for p in probabilities], seconds, np.zeros(len(seconds)))
+    assert _rate(probabilities, list(seconds), int(max(sizes))) >= brute_force_batch_rate(
+        probabilities, list(seconds)
+    ) * (1 - 1e-9)
+
+
+def test_rows_priced_padded_fail_the_flat_oracle():
+    """The flat oracle can fail: the padded rule gives every row the padded size's nodes, which a
+    flat step charges for; one likely row and two unlikely ones should not all go deep."""
+    probabilities = [[0.9, 0.9, 0.9], [0.05, 0.05, 0.05], [0.05, 0.05, 0.05]]
+    seconds = [1.0, 1.2, 1.4, 1.6]
+    m = best_batch_size([np.asarray(p) for p in probabilities], np.asarray(seconds))
+    padded_sizes = [min(m, len(p) + 1) for p in probabilities]
+    assert flat_rate(probabilities, seconds, 1.0, padded_sizes) < brute_force_flat_rate(probabilities, seconds, 1.0) * (
+        1 - 1e-3
+    )
+    sizes = best_flat_sizes([np.asarray(p) for p in probabilities], np.asarray(seconds), np.ones(4))
+    assert sizes.tolist() == [4, 1, 1]
+
+
 def test_rows_sized_alone_fail_the_oracle():
     """The oracle can fail: sizing each row as if it were alone ignores that the padded forward
     costs the largest row's size for every row, so the smaller rows' nodes up to it come free."""
@@ -512,14 +608,19 @@ def _steep(per_node: float, overhead: float = 0.0) -> CostModel:
 
 
 class FixedCosts:
-    """Batch costs that never change: ``per_batch(B)`` for every batch size."""
+    """Batch costs that never change: ``per_batch(B)`` for every batch size, and a token share of
+    ``share`` at every padded size (flat steps)."""
 
-    def __init__(self, per_batch: Any) -> None:
+    def __init__(self, per_batch: Any, share: float = 0.8) -> None:
         self.per_batch = per_batch
+        self.share = share
         self.models: dict[int, CostModel] = {}
 
     def for_batch(self, batch: int) -> CostModel:
         return self.models.setdefault(batch, self.per_batch(batch))
+
+    def token_share(self, batch: int) -> TokenShare:
+        return TokenShare([2], {1: [self.share], 2: [self.share]})
 
     def save(self) -> None:
         pass
@@ -595,11 +696,27 @@ def test_auto_cut_fills_every_row_up_to_the_chosen_padded_size(forced_cost: Any)
         policy.admit(row)
     trees = [synthetic_tree(n, 96, branching=b) for n, b in [(16, 1), (3, 2), (9, 3)]]
     proposals = [Proposal(tree) for tree in trees]
-    cut, choices = policy.cut(proposals, [0, 1, 2], context=40)
+    cut, choices = policy.cut(proposals, [0, 1, 2], context=40, flat=False)
     rankings = [policy.sizers[row].rank(tree) for row, tree in enumerate(trees)]
     steps = np.maximum.accumulate(_steep(per_node=0.02).step_seconds(np.arange(1, 17), 40))
     m = best_batch_size([r.corrected for r in rankings], steps)
     assert [len(p.tree) for p in cut] == [min(m, len(tree)) for tree in trees]
+    for ranking, choice in zip(rankings, choices, strict=True):
+        assert choice.keep.tolist() == sorted(ranking.order[: len(choice.keep)].tolist())  # best first
+
+
+def test_auto_cut_of_a_flat_step_keeps_each_row_s_own_best_prefix(forced_cost: Any) -> None:
+    forced_cost(lambda batch: _steep(per_node=0.02))
+    model = _model("llama")
+    policy = AutoCapacity(model, "racer", greedy=True, max_capacity=16, max_rows=3)
+    for row in range(3):
+        policy.admit(row)
+    trees = [synthetic_tree(n, 96, branching=b) for n, b in [(16, 1), (3, 2), (9, 3)]]
+    cut, choices = policy.cut([Proposal(tree) for tree in trees], [0, 1, 2], context=40, flat=True)
+    rankings = [policy.sizers[row].rank(tree) for row, tree in enumerate(trees)]
+    steps = np.maximum.accumulate(_steep(per_node=0.02).step_seconds(np.arange(1, 17), 40))
+    sizes = best_flat_sizes([r.corrected for r in rankings], steps, np.full(16, 0.8))
+    assert [len(p.tree) for p in cut] == sizes.tolist()
     for ranking, choice in zip(rankings, choices, strict=True):
         assert choice.keep.tolist() == sorted(ranking.order[: len(choice.keep)].tolist())  # best first
 
@@ -617,9 +734,21 @@ def test_batch_costs_are_measured_per_batch_size_and_cached(monkeypatch: pytest.
     )
     single = tree_size.measure_cost_model
     monkeypatch.setattr(tree_size, "measure_cost_model", lambda model, size: single(model, size, rounds=1))
+    monkeypatch.setattr(batch_sizing, "_token_shares", {})
+    shares: list[int] = []
+    share = batch_sizing.measure_token_share
+    monkeypatch.setattr(
+        batch_sizing,
+        "measure_token_share",
+        lambda model, batch, contexts: shares.append(batch) or share(model, batch, contexts, rounds=1),
+    )
     model = _model("llama")
     costs = BatchCosts(model, max_capacity=4, batch=3)
-    assert measured == [2, 4]
+    assert measured == [2, 4] and shares == [2, 4]
+    middle_share = costs.token_share(3).at(4, 128)
+    expected_share = (costs.token_share(2).at(4, 128) + costs.token_share(4).at(4, 128)) / 2
+    np.testing.assert_allclose(middle_share, expected_share)
+    assert middle_share[0] == 0 and np.all((middle_share >= 0) & (middle_share <= 1))
     assert costs.for_batch(1) is tree_size.cost_model(model, 4)  # batch size 1: today's curve
     middle = costs.for_batch(3)  # between the measured 2 and 4
     low, high = costs.for_batch(2), costs.for_batch(4)
@@ -633,11 +762,15 @@ def test_batch_costs_are_measured_per_batch_size_and_cached(monkeypatch: pytest.
         "b4",
     ]
     monkeypatch.setattr(batch_sizing, "_batch_costs", {})  # a new process: read from disk
+    monkeypatch.setattr(batch_sizing, "_token_shares", {})
     again = BatchCosts(model, max_capacity=4, batch=4)
-    assert measured == [2, 4]
+    assert measured == [2, 4] and shares == [2, 4]
     assert again.for_batch(4).state() == high.state()
+    assert again.token_share(4).state() == costs.token_share(4).state()
     stored = json.loads(next((tmp_path / "tree_size" / "cost").glob("*-b2.json")).read_text())
-    assert stored["batch_size"] == 2
+    assert stored["batch_size"] == 2 and "token_share" in stored
+    between = json.loads(next((tmp_path / "tree_size" / "cost").glob("*-b3.json")).read_text())
+    assert "token_share" not in between  # interpolated, not measured
 
 
 def test_a_batch_size_met_first_is_predicted_at_the_load_the_others_measured(

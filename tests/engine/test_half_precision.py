@@ -140,7 +140,7 @@ class PerturbedVerifier(BatchVerifier):
 
     def forward_trees(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         logits = super().forward_trees(*args, **kwargs)
-        generator = torch.Generator().manual_seed(int(logits.shape[1]) * 7919 + int(self.physical))
+        generator = torch.Generator().manual_seed(int(logits.shape[0]) * 7919 + int(self.physical))
         noise = torch.rand(logits.shape, generator=generator) * 2 - 1
         scale = 32 * torch.finfo(logits.dtype).eps * logits.abs().amax(dim=-1, keepdim=True).float()
         return (logits.float() + noise * scale).to(logits.dtype)

@@ -1,18 +1,28 @@
 """``capacity="auto"`` for a batch: one node budget for every row of the batched forward.
 
-A batched step verifies every live row's tree in one forward padded to the step's largest tree,
-so it processes ``B x n_max`` tree tokens whatever the rows' own sizes: its cost is ``T_B(n_max)``,
-the batched forward's measured cost curve for ``B`` rows (plus the step's time outside the forward,
-learned online). Given ``n_max = m``, a row's nodes up to ``m`` cost nothing more (they fill
-padding), so every row keeps its ``min(m, |tree_b|)`` best nodes (best first by calibrated
-probability, as one request does) and the step chooses the ``m`` with the most expected tokens
-per second over the whole batch:
+A batched step verifies every live row's tree in one forward. Its attention is laid out padded
+to the step's largest tree ``m`` (every row attends over its own KV cache with ``m`` query
+slots), while everything else (projections, MLP, norms, LM head) runs **flat** over the ``K``
+real nodes only (:mod:`racer_rs.target.attention`). So a step costs
 
-    sum over rows b of (1 + sum of row b's kept drafted nodes' probabilities) / T_B(m)
+    T_B(1) + s * (T_B(1 + (K - B) / B) - T_B(1)) + (1 - s) * (T_B(m) - T_B(1)),
 
-(:func:`best_batch_size`). A node's depth and row only matter through its probability: deeper
-levels are bought for every row at once, and pay when the rows' next-best nodes together are worth
-the forward's extra cost. At one row this is exactly :func:`racer_rs.autosize.sizer.best_prefix_size`.
+``T_B`` the measured cost curve of ``B`` rows that all verify the same number of nodes
+(interpolated between sizes; plus the step's time outside the forward, learned online): the
+nodes' part priced as if the drafted nodes were spread evenly over the rows, the padded part at
+``m``. ``s`` (:class:`TokenShare`) is the share that grows with the nodes, measured against a step
+where only one row verifies ``m`` nodes (about 0.8 for SmolLM2-135M at 16 rows on this CPU, less
+at long contexts, where attention weighs more). Each row keeps a best-first prefix of its tree (by calibrated
+probability, as one request does); the step chooses ``m`` and, under it, the drafted nodes of
+all rows with the highest probabilities, where the expected tokens per second
+
+    (B + sum of the kept drafted nodes' probabilities) / cost
+
+are highest (:func:`best_flat_sizes`): a row whose drafts are likely goes deep while the others
+verify their root alone, and a node is verified only where it pays for its own share of the
+forward. With ``s = 0`` (a forward that cannot run flat) every row keeps all of its nodes up to
+``m`` (they fill padding), as :func:`best_batch_size` chooses; at one row this is exactly
+:func:`racer_rs.autosize.sizer.best_prefix_size`.
 
 Cost curves (:class:`BatchCosts`) are **keyed by batch size**, not modelled over total tokens: a
 row reads its own KV prefix (memory traffic ``~ B x P``) and attends over it (``~ B x m x P``), so
@@ -29,7 +39,7 @@ today's curve (``<cost key>-b<B>.json``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,6 +72,74 @@ def best_batch_size(probabilities: Sequence[np.ndarray], step_seconds: np.ndarra
     rate = expected / np.asarray(step_seconds[:limit], dtype=np.float64)
     # Ties (to rounding) go to the smaller size: a gain within float noise is no gain.
     return int(np.flatnonzero(rate >= rate.max() * (1 - 1e-9))[0]) + 1
+
+
+def flat_step_seconds(uniform: np.ndarray, share: np.ndarray, extra: np.ndarray, batch: int) -> np.ndarray:
+    """Predicted seconds of a flat step padded to ``m = 1, 2, ...`` nodes per row when the rows
+    verify ``extra[m - 1]`` drafted nodes in all (see the module's docstring).
+
+    Args:
+        uniform: seconds of a step in which every row verifies ``1, 2, ...`` nodes.
+        share: per padded size, the part of ``uniform - uniform[0]`` that grows with the nodes.
+        extra: per padded size, the drafted nodes (beyond the rows' roots) verified.
+        batch: the live rows.
+    """
+    uniform = np.asarray(uniform, dtype=np.float64)
+    plain = uniform[0]
+    # The nodes' part: as if the drafted nodes were spread evenly over the rows.
+    spread = np.interp(1 + np.asarray(extra, dtype=np.float64) / batch, np.arange(1, len(uniform) + 1), uniform)
+    share = np.asarray(share, dtype=np.float64)
+    seconds: np.ndarray = plain + share * (spread - plain) + (1 - share) * (uniform - plain)
+    return seconds
+
+
+def best_flat_sizes(probabilities: Sequence[np.ndarray], step_seconds: np.ndarray, share: np.ndarray) -> np.ndarray:
+    """Every row's tree size (root included) with the most expected tokens per second of a flat step.
+
+    Args:
+        probabilities: per row, its drafted nodes' acceptance probabilities best first (a row
+            keeps a prefix of them).
+        step_seconds: predicted seconds of a step in which every row verifies ``1, 2, ...``
+            nodes (non-decreasing); its length bounds the sizes.
+        share: per padded size, the share of ``step_seconds - step_seconds[0]`` that grows with
+            the verified nodes (:func:`flat_step_seconds`); 0 everywhere: the padded step, where
+            every row keeps its nodes up to the padded size (:func:`best_batch_size`).
+
+    Returns:
+        ``int64[B]`` sizes ``>= 1``. For each padded size ``m`` the drafted nodes that may be
+        kept (a row's first ``m - 1``) are taken most probable first (a row's in its order), as
+        many as give the most tokens per second; ties go to the smaller size, then to fewer nodes.
+    """
+    batch = len(probabilities)
+    if not batch:
+        raise InvalidArgumentError("probabilities must hold at least one row")
+    limit = min(len(step_seconds), max(len(p) for p in probabilities) + 1)
+    counts_per_row = [min(len(p), limit - 1) for p in probabilities]
+    if not sum(counts_per_row):
+        return np.ones(batch, dtype=np.int64)
+    rows = np.repeat(np.arange(batch), counts_per_row)
+    values = np.concatenate(
+        [np.asarray(p, dtype=np.float64)[:n] for p, n in zip(probabilities, counts_per_row, strict=True)]
+    )
+    ranks = np.concatenate([np.arange(n) for n in counts_per_row])
+    order = np.lexsort((ranks, rows, -values))  # most probable first; a row's own nodes in order
+    values, ranks, rows = values[order], ranks[order], rows[order]
+    sizes = np.arange(2, limit + 1)  # the padded sizes with drafted nodes
+    allowed = ranks[None, :] < (sizes - 1)[:, None]  # [sizes, nodes]
+    gains = np.cumsum(np.where(allowed, values[None, :], 0.0), axis=1)
+    counts = np.cumsum(allowed, axis=1)
+    uniform = np.asarray(step_seconds[:limit], dtype=np.float64)
+    shares = np.asarray(share, dtype=np.float64)[:limit]
+    plain = uniform[0]
+    spread = np.interp(1 + counts / batch, np.arange(1, limit + 1), uniform)
+    seconds = plain + shares[1:, None] * (spread - plain) + (1 - shares[1:, None]) * (uniform[1:, None] - plain)
+    rates = np.where(allowed, (batch + gains) / seconds, -np.inf)
+    best = float(rates.max())
+    if not best > (batch / plain) * (1 + 1e-9):
+        return np.ones(batch, dtype=np.int64)
+    size_index, node_index = map(int, np.argwhere(rates >= best * (1 - 1e-9))[0])
+    kept = allowed[size_index, : node_index + 1]
+    return 1 + np.bincount(rows[: node_index + 1][kept], minlength=batch).astype(np.int64)
 
 
 def bucket_sizes(batch: int) -> list[int]:
@@ -111,6 +189,82 @@ def measure_batch_cost_model(model: Any, batch: int, max_size: int, rounds: int 
     return CostModel(sizes, seconds)
 
 
+#: Padded sizes the token share is measured at (larger sizes take the largest one's).
+SHARE_SIZES = (2, 4, 8, 16)
+
+
+class TokenShare:
+    """The share of a batched step's cost above a plain step that grows with the verified nodes
+    (the rest grows with the padded size: attention), per padded size and context length.
+
+    Args:
+        sizes: the padded sizes measured (ascending, ``>= 2``).
+        shares: ``{context: shares at those sizes}`` at two context lengths.
+    """
+
+    def __init__(self, sizes: Sequence[int], shares: Mapping[int, Sequence[float]]) -> None:
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.short, self.long = sorted(shares)[0], sorted(shares)[-1]
+        self.at_short = np.clip(np.asarray(shares[self.short], dtype=np.float64), 0.0, 1.0)
+        self.at_long = np.clip(np.asarray(shares[self.long], dtype=np.float64), 0.0, 1.0)
+
+    def at(self, count: int, context: int) -> np.ndarray:
+        """Shares at padded sizes ``1 .. count`` (size 1: 0) at ``context``."""
+        weight = (
+            0.0 if self.long == self.short else float(np.clip((context - self.short) / (self.long - self.short), 0, 1))
+        )
+        curve = (1 - weight) * self.at_short + weight * self.at_long
+        shares = np.interp(np.arange(1, count + 1), self.sizes, curve)
+        shares[0] = 0.0
+        return shares
+
+    @staticmethod
+    def blend(low: TokenShare, high: TokenShare, weight: float) -> TokenShare:
+        """``(1 - weight) * low + weight * high`` at ``low``'s sizes and contexts."""
+        return TokenShare(
+            low.sizes.tolist(),
+            {
+                context: ((1 - weight) * own + weight * np.interp(low.sizes, high.sizes, other)).tolist()
+                for context, own, other in (
+                    (low.short, low.at_short, high.at_short),
+                    (low.long, low.at_long, high.at_long),
+                )
+            },
+        )
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "sizes": self.sizes.tolist(),
+            "shares": {str(self.short): self.at_short.tolist(), str(self.long): self.at_long.tolist()},
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> TokenShare:
+        return cls(state["sizes"], {int(context): values for context, values in state["shares"].items()})
+
+
+def measure_token_share(model: Any, batch: int, contexts: Sequence[int], rounds: int = 3) -> TokenShare:
+    """:class:`TokenShare` of ``batch`` rows: at each padded size ``m`` of :data:`SHARE_SIZES`, a
+    step where every row verifies ``m`` nodes against one where only the first row does (timed
+    in the same run). A forward that cannot run flat measures a share near 0, as it should."""
+    sizes = [1, *SHARE_SIZES]
+    shares: dict[int, list[float]] = {}
+    for context in contexts:
+        uniform = measure_batch_forward_cost(model, batch, sizes, context=context, rounds=rounds)
+        single = measure_forward_cost(
+            model, sizes, context=context, rounds=rounds, statistic=np.min, batch=batch, one_row=True
+        )
+        values = []
+        curve = np.asarray([uniform[n] for n in sizes])
+        for m in SHARE_SIZES:
+            # single = T(m) - s * (T(m) - T(1 + (m - 1) / B)): flat_step_seconds solved for s.
+            spread = float(np.interp(1 + (m - 1) / batch, sizes, curve))
+            saved = uniform[m] - spread
+            values.append(float(np.clip((uniform[m] - single[m]) / saved, 0.0, 1.0)) if saved > 0 else 0.0)
+        shares[context] = values
+    return TokenShare(list(SHARE_SIZES), shares)
+
+
 def interpolated(low: CostModel, high: CostModel, weight: float) -> CostModel:
     """A cost model whose measured curves are ``(1 - weight) * low + weight * high`` (no
     corrections yet), at ``low``'s context lengths and its sizes up to both curves' largest."""
@@ -141,6 +295,23 @@ _machine_loads: dict[str, MachineLoad] = {}
 
 def _path(key: str, batch: int) -> Any:
     return state.state_dir("cost") / f"{key}-b{batch}.json"
+
+
+#: Per-batch-size token shares of this process, by ``(cost key, batch size)``.
+_token_shares: dict[tuple[str, int], TokenShare] = {}
+
+
+def _load_share(key: str, batch: int) -> TokenShare | None:
+    cached = _token_shares.get((key, batch))
+    if cached is None:
+        stored = state.read_json(_path(key, batch))
+        try:
+            cached = TokenShare.from_state(stored["token_share"]) if stored else None
+        except (KeyError, ValueError, TypeError):
+            cached = None
+        if cached is not None:
+            _token_shares[(key, batch)] = cached
+    return cached
 
 
 def _load(key: str, batch: int, max_size: int) -> CostModel | None:
@@ -179,6 +350,7 @@ class BatchCosts:
         self.models: dict[int, CostModel] = {1: state.cost_model(model, max_capacity)}
         self.models[1].machine = self.machine
         self.measured: dict[int, CostModel] = {}
+        self.shares: dict[int, TokenShare] = {}
         for size in bucket_sizes(batch):
             loaded = _load(self.key, size, max_capacity)
             if loaded is None:
@@ -187,6 +359,11 @@ class BatchCosts:
             self.models[size] = loaded
             self.measured[size] = _measured_curves(loaded)
             _batch_costs[(self.key, size)] = loaded
+            share = _load_share(self.key, size)
+            if share is None:
+                share = measure_token_share(model, size, (loaded.short, loaded.long))
+                _token_shares[(self.key, size)] = share
+            self.shares[size] = share
 
     def for_batch(self, batch: int) -> CostModel:
         """The cost model of a step with ``batch`` live rows."""
@@ -204,13 +381,29 @@ class BatchCosts:
             _batch_costs[(self.key, batch)] = model
         return model
 
+    def token_share(self, batch: int) -> TokenShare:
+        """The token share of a step with ``batch >= 2`` live rows (interpolated between the
+        measured batch sizes as the cost curves are)."""
+        share = self.shares.get(batch)
+        if share is None:
+            low = 1 << (batch.bit_length() - 1)
+            high = 2 * low
+            if low == 1 or high not in self.shares:
+                raise InvalidArgumentError(f"batch size {batch} has no measured token share")
+            share = TokenShare.blend(self.shares[low], self.shares[high], (batch - low) / (high - low))
+            self.shares[batch] = share
+        return share
+
     def save(self) -> None:
         """Store every batch size's (corrected) cost model on disk; batch size 1 as today's."""
         for batch, model in self.models.items():
             if batch == 1:
                 state.save_cost_model(self.model, model)
-            else:
-                state.write_json(_path(self.key, batch), {"cost": model.state(), "batch_size": batch})
+                continue
+            stored: dict[str, Any] = {"cost": model.state(), "batch_size": batch}
+            if batch in bucket_sizes(batch) and batch in self.shares:  # a measured size
+                stored["token_share"] = self.shares[batch].state()
+            state.write_json(_path(self.key, batch), stored)
 
 
 def batch_costs(model: Any, max_capacity: int, batch: int) -> BatchCosts:

@@ -41,6 +41,7 @@ def measure_forward_cost(
     seed: int = 0,
     statistic: Callable[[list[float]], Any] = np.median,
     batch: int = 1,
+    one_row: bool = False,
 ) -> dict[int, float]:
     """Median (or ``statistic``) seconds of one tree forward per tree size, at a
     ``context``-token prefix, through the engine's own verification path.
@@ -60,6 +61,8 @@ def measure_forward_cost(
             interleaved over the rounds so that machine noise hits every size alike.
         seed: seeds the random prefix.
         batch: rows verified together, each with the same prefix and a ``size``-node tree.
+        one_row: only the first row verifies a ``size``-node tree, the others their root alone
+            (a flat forward's cheapest layout at that padded size).
 
     Returns:
         ``{size: statistic of the rounds' seconds}``.
@@ -75,6 +78,7 @@ def measure_forward_cost(
     if batch > 1:
         verifier.keep_rows([0] * batch)  # one prefix copied to every row: the values do not matter
     trees = {int(n): synthetic_tree(int(n), vocab) for n in sizes}
+    roots = synthetic_tree(1, vocab)
 
     def synchronize() -> None:
         if verifier.device.type == "cuda":
@@ -86,7 +90,7 @@ def measure_forward_cost(
         for n in order[round_index % len(order) :] + order[: round_index % len(order)]:
             synchronize()
             start = time.perf_counter()
-            verifier.forward_trees([trees[n]] * batch)
+            verifier.forward_trees([trees[n]] + [roots if one_row else trees[n]] * (batch - 1))
             synchronize()
             elapsed = time.perf_counter() - start
             verifier.discard_uncommitted()  # the prefix stays put

@@ -191,7 +191,9 @@ class FixedCapacity:
         """Every step drafts."""
         return True
 
-    def cut(self, proposals: list[Proposal], rows: Sequence[int], context: int) -> tuple[list[Proposal], list[Any]]:
+    def cut(
+        self, proposals: list[Proposal], rows: Sequence[int], context: int, flat: bool = False
+    ) -> tuple[list[Proposal], list[Any]]:
         """The proposals as drafted."""
         return proposals, [None] * len(proposals)
 
@@ -231,6 +233,8 @@ class AutoCapacity:
         self.batch_sizes: dict[int, Counter[int]] = {}
         self.padded_sizes: dict[int, Counter[int]] = {}
         self.switch = drafting_switch(self.key)
+        # Per batch size, the last cut's step prices and token shares (for :meth:`_as_uniform`).
+        self.flat_prices: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         # The cost curves' measurement on first use (a part of the call's total time).
         self.setup_seconds = time.perf_counter() - started
 
@@ -258,11 +262,13 @@ class AutoCapacity:
         return batch == 1 or self.switch.drafts(batch)
 
     def cut(
-        self, proposals: list[Proposal], rows: Sequence[int], context: int
+        self, proposals: list[Proposal], rows: Sequence[int], context: int, flat: bool = False
     ) -> tuple[list[Proposal], list[SizeChoice]]:
-        """Every row's best-first prefix: one row's by the single-request rule, a batch's up to the
-        padded size with the most expected tokens per second of the batched forward."""
-        from racer_rs.autosize.batch_sizer import best_batch_size
+        """Every row's best-first prefix: one row's by the single-request rule, a batch's by the
+        most expected tokens per second of the batched forward (``flat``: one that computes the
+        real nodes only, :func:`racer_rs.autosize.batch_sizer.best_flat_sizes`; else padded to
+        the largest tree, where every row fills the padding)."""
+        from racer_rs.autosize.batch_sizer import best_flat_sizes
 
         if len(rows) == 1:
             choice = self.sizers[rows[0]].choose(proposals[0].tree, context)
@@ -272,8 +278,10 @@ class AutoCapacity:
         cost = self.costs.for_batch(len(rows))
         # Per-size corrections are learned from noisy steps; a bigger tree never costs less.
         steps = np.maximum.accumulate(cost.step_seconds(np.arange(1, max(limits) + 1), context))
-        size = best_batch_size([r.corrected[: n - 1] for r, n in zip(rankings, limits, strict=True)], steps)
-        choices = [r.prefix(min(size, n)) for r, n in zip(rankings, limits, strict=True)]
+        share = self.costs.token_share(len(rows)).at(len(steps), context) if flat else np.zeros(len(steps))
+        sizes = best_flat_sizes([r.corrected[: n - 1] for r, n in zip(rankings, limits, strict=True)], steps, share)
+        choices = [r.prefix(int(size)) for r, size in zip(rankings, sizes, strict=True)]
+        self.flat_prices[len(rows)] = (steps, share)
         return [restrict(p, c.keep) for p, c in zip(proposals, choices, strict=True)], choices
 
     def observe(self, report: StepReport) -> None:
@@ -310,7 +318,21 @@ class AutoCapacity:
             # grows with the padded size too (the cache moves of every row's accepted nodes,
             # rows finishing), and a constant overhead priced a padded size of 2 at 1.10x a plain
             # step when it took 1.16x (SmolLM2, 16 rows).
-            self.costs.for_batch(batch).observe(report.padded, report.context, report.step, 0.0)
+            self.costs.for_batch(batch).observe(report.padded, report.context, self._as_uniform(report), 0.0)
+
+    def _as_uniform(self, report: StepReport) -> float:
+        """A flat step's seconds scaled to the step with every row at its padded size, which the
+        batch size's cost curve prices: the curve learns its error, not the nodes left out."""
+        from racer_rs.autosize.batch_sizer import flat_step_seconds
+
+        prices = self.flat_prices.get(len(report.rows))
+        m = report.padded
+        if prices is None or m < 2 or m > len(prices[0]):
+            return report.step
+        steps, share = prices
+        extra = np.full(len(steps), sum(len(p.tree) - 1 for p in report.verified), dtype=np.float64)
+        flat = float(flat_step_seconds(steps, share, extra, len(report.rows))[m - 1])
+        return report.step * float(steps[m - 1]) / flat if flat > 0 else report.step
 
     def finish(self, row: int, context: int) -> dict[str, Any]:
         """Row ``row``'s statistics (``extras["auto_capacity"]``): its chosen sizes and predictions,

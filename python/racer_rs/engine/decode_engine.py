@@ -50,7 +50,7 @@ from racer_rs.engine.drafting import Drafting
 from racer_rs.engine.streaming import StreamAdapter
 from racer_rs.engine.transfer import HostTransfer
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
-from racer_rs.target.batch_verifier import BatchVerifier
+from racer_rs.target.batch_verifier import BatchVerifier, tree_offsets
 from racer_rs.target.sampling import (
     SamplingConfig,
     draw_uniforms,
@@ -415,7 +415,7 @@ class DecodeEngine:
                 return
         rows = [state.row for state in live]
         if drafting:
-            proposals, choices = self.policy.cut(full, rows, self.verifier.physical)
+            proposals, choices = self.policy.cut(full, rows, self.verifier.physical, flat=self.verifier.flat)
         else:
             proposals, choices = full, [None] * len(full)
         drafted = time.perf_counter()
@@ -489,11 +489,12 @@ class DecodeEngine:
         trees = [p.tree for p in proposals]
         for state, tree in zip(live, trees, strict=True):
             state.tree_nodes += len(tree)
-        logits = self.verifier.forward_trees(trees)
+        logits = self.verifier.forward_trees(trees)  # [K, V]: the rows' nodes one after another
+        offsets = tree_offsets([len(tree) for tree in trees])
         chains = [self.chain is not None and p.draft_probs is not None and len(p.tree) > 1 for p in proposals]
         steps = [
-            StepInputs(p, logits[index, : len(p.tree)], state.generated, state.uniforms, state.generator)
-            for index, (state, p) in enumerate(zip(live, proposals, strict=True))
+            StepInputs(p, logits[start : start + len(p.tree)], state.generated, state.uniforms, state.generator)
+            for start, state, p in zip(offsets, live, proposals, strict=True)
         ]
         transfer = HostTransfer()
         k = self.drafting.needs_topk
@@ -520,10 +521,10 @@ class DecodeEngine:
                 chain_hosts[index] = own.fetch()
         host = transfer.fetch()
         verified = []
-        for index, step in enumerate(steps):
-            n = len(step.proposal.tree)
+        for index, (start, step) in enumerate(zip(offsets, steps, strict=True)):
+            end = start + len(step.proposal.tree)
             own_host = {
-                name: host[name][index, :n] for name in (*WALK_RESULTS, "topk_ids", "topk_probs") if name in host
+                name: host[name][start:end] for name in (*WALK_RESULTS, "topk_ids", "topk_probs") if name in host
             }
             acceptor = self.walk
             if index in chain_hosts:
@@ -543,27 +544,25 @@ class DecodeEngine:
         greedy: torch.Tensor | None = None,
     ) -> None:
         """The walk's device half for every row at once: ``GreedyWalk.predict`` /
-        ``SamplingWalk.predict`` on ``[B, n_max]`` nodes, each row with its own uniforms keyed by
-        its own generation position (padding nodes draw values nobody reads). ``greedy``: the
-        logits' argmax if the step computed it already (:func:`logits_summary`)."""
+        ``SamplingWalk.predict`` on the step's ``K`` nodes (flat logits ``[K, V]``), each row with
+        its own uniforms keyed by its own generation position. ``greedy``: the logits' argmax if
+        the step computed it already (:func:`logits_summary`)."""
         if self.sampling.greedy:
             transfer.add("predicted", greedy_ids(logits) if greedy is None else greedy)
             return
-        batch, width = logits.shape[:2]
         device = logits.device
         draws = []
         for state, tree in zip(live, trees, strict=True):
             assert state.uniforms is not None
-            positions = np.full(width, state.generated + 1, dtype=np.int64)
-            positions[: len(tree)] += tree.depths.astype(np.int64)
-            # A padding node past the budget's last uniform reads the last one (never used).
+            positions = state.generated + 1 + tree.depths.astype(np.int64)
+            # A node past the budget's last uniform reads the last one (it cannot be committed).
             positions = np.minimum(positions, len(state.uniforms) - 1)
             draws.append(state.uniforms[torch.from_numpy(positions).to(state.uniforms.device), 0])
-        uniforms = torch.stack(draws).to(device)
-        predicted, valid = sample_nodes(logits.reshape(batch * width, -1), self.sampling, uniforms.reshape(-1))
-        transfer.add("predicted", predicted.view(batch, width))
+        uniforms = torch.cat(draws).to(device)
+        predicted, valid = sample_nodes(logits, self.sampling, uniforms)
+        transfer.add("predicted", predicted)
         if valid is not None:
-            transfer.add("valid", valid.view(batch, width).long())
+            transfer.add("valid", valid.long())
 
     def accept(self, state: DecodeState, verified: Verified) -> Verification:
         """The row's accepted path and bonus token."""

@@ -12,12 +12,25 @@ for row (only the kernel's rounding may differ).
 
 :func:`gqa_attention` switches a model to it for the duration of a block (tree verification);
 every other call keeps transformers' own implementation.
+
+**Flat verification** (:func:`flat_layout`): a batch whose rows verify trees of different sizes
+runs its forward over the real nodes only, ``[1, K]`` tokens for ``K`` nodes in all, instead of
+``[B, n_max]`` with padding, so the projections, the MLP, the norms and the LM head cost what the
+rows drafted (at 16 rows of SmolLM2 on this CPU, about three quarters of what more nodes per row
+cost at a short context, half at a 1,024-token one). Only attention needs the rows apart: each
+row attends to its own KV cache.
+:class:`racer_rs.target.batch_verifier.BatchLayer` writes the flat keys and values into their
+rows' tree columns, and :func:`packed_gqa_attention` scatters the flat queries into the padded
+``[B, heads, n_max, D]`` layout of the step's 4D mask, attends, and gathers the real nodes'
+outputs back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,11 +57,18 @@ def packed_gqa_attention(
 
     Anything but a plain grouped-query call with one additive/boolean mask shared by every head
     (no mask, a per-head mask, a position bias, a softcap, attention sinks...) goes to
-    transformers' own SDPA attention unchanged.
+    transformers' own SDPA attention unchanged (inside :func:`flat_layout`, such a call raises
+    :class:`FlatLayoutUnsupported` instead: the caller verifies padded).
     """
     groups = int(getattr(module, "num_key_value_groups", 1))
     n = query.shape[2]
     plain = not any(kwargs.get(name) is not None for name in ("position_bias", "softcap", "s_aux", "sinks"))
+    layout = _FLAT.get()
+    if layout is not None:
+        if not plain or attention_mask is None or attention_mask.shape[1] != 1 or dropout:
+            raise FlatLayoutUnsupported(f"{type(module).__name__} is not a plain SDPA attention call")
+        layout.calls += 1
+        return _flat_attention(layout, query, key, value, attention_mask, groups, scaling), None
     if groups == 1 or n == 1 or attention_mask is None or attention_mask.shape[1] != 1 or not plain:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
@@ -62,6 +82,73 @@ def packed_gqa_attention(
         packed, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
     )
     return output.reshape(batch, heads, n, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+class FlatLayoutUnsupported(RuntimeError):
+    """A flat forward met an attention call it cannot lay out (the caller verifies padded)."""
+
+
+@dataclass
+class FlatLayout:
+    """Where each of a flat forward's ``K`` nodes sits in the padded ``[B, n_max]`` layout.
+
+    Attributes:
+        rows: ``int64[K]`` the node's batch row; ``nodes`` its index in its row's tree.
+        batch: ``B``; ``width``: ``n_max``, the largest tree.
+        calls: attention calls made under this layout (every layer must make one).
+    """
+
+    rows: torch.Tensor
+    nodes: torch.Tensor
+    batch: int
+    width: int
+    calls: int = 0
+
+
+#: The flat layout of the forward running in this context, if any.
+_FLAT: contextvars.ContextVar[FlatLayout | None] = contextvars.ContextVar("racer_flat_layout", default=None)
+
+
+def current_flat_layout() -> FlatLayout | None:
+    """The flat layout of the forward running now (``None``: a padded forward)."""
+    return _FLAT.get()
+
+
+@contextlib.contextmanager
+def flat_layout(layout: FlatLayout) -> Iterator[FlatLayout]:
+    """Run the block's forward flat: ``[1, K]`` inputs laid out by ``layout``."""
+    token = _FLAT.set(layout)
+    try:
+        yield layout
+    finally:
+        _FLAT.reset(token)
+
+
+def _flat_attention(
+    layout: FlatLayout,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    groups: int,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Attention for flat queries ``[1, heads, K, D]`` against the batch's keys and values
+    ``[B, kv_heads, P + n_max, D]``: scattered into the padded layout (padding queries are zeros
+    and attend to themselves only), folded per key/value head, gathered back to ``[1, K, heads, D]``."""
+    heads, dim = query.shape[1], query.shape[3]
+    if key.shape[0] != layout.batch or mask.shape[0] != layout.batch or mask.shape[2] != layout.width:
+        raise FlatLayoutUnsupported("the keys or the mask are not laid out per batch row")
+    padded = query.new_zeros((layout.batch, layout.width, heads, dim))
+    padded[layout.rows, layout.nodes] = query[0].transpose(0, 1)
+    kv_heads = key.shape[1]
+    # [B, n, heads, D] -> [B, kv_heads, groups * n, D]: head h = k * groups + r, as repeat_kv.
+    folded = padded.view(layout.batch, layout.width, kv_heads, groups, dim).permute(0, 2, 3, 1, 4)
+    folded = folded.reshape(layout.batch, kv_heads, groups * layout.width, dim)
+    repeated = _repeated_mask(mask, groups) if groups > 1 else mask
+    output = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=repeated, scale=scaling)
+    output = output.view(layout.batch, kv_heads, groups, layout.width, value.shape[-1]).permute(0, 3, 1, 2, 4)
+    return output[layout.rows, layout.nodes].reshape(1, -1, heads, value.shape[-1])  # [1, K, heads, D]
 
 
 #: The masks repeated for the folded query heads during the current forward:

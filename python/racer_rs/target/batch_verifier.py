@@ -27,6 +27,7 @@ running batch as others leave it).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -36,7 +37,13 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from racer_rs._native import DraftTree
-from racer_rs.target.attention import gqa_attention
+from racer_rs.target.attention import (
+    FlatLayout,
+    FlatLayoutUnsupported,
+    current_flat_layout,
+    flat_layout,
+    gqa_attention,
+)
 from racer_rs.target.verifier import GrowableLayer, PrefillOutput, TreeVerifier, check_model
 
 
@@ -51,6 +58,24 @@ class BatchLayer(GrowableLayer):
     """
 
     rows = 0
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append a forward's keys and values: padded ``[B, H, n, D]`` as one block of columns, or
+        flat ``[1, H, K, D]`` (inside :func:`racer_rs.target.attention.flat_layout`) each node
+        into its row's tree column; a row's columns past its own tree keep what they held (finite,
+        and masked)."""
+        layout = current_flat_layout()
+        if layout is None:
+            return super().update(key_states, value_states, *args, **kwargs)
+        start = self.get_seq_length()
+        self.reserve(start + layout.width)
+        columns = layout.nodes + start
+        self._key_buffer[layout.rows, :, columns] = key_states[0].transpose(0, 1)
+        self._value_buffer[layout.rows, :, columns] = value_states[0].transpose(0, 1)
+        assert self.keys is not None and self.values is not None
+        return self.keys, self.values
 
     def adopt(self, keys: torch.Tensor, values: torch.Tensor, rows: int) -> None:
         """Start from an empty batch shaped like ``keys``/``values`` ``[1, H, L, D]`` with room
@@ -140,11 +165,13 @@ class BatchVerifier:
         lengths: ``int64[B]`` committed tokens of every live row (its valid prefix).
         cache: the batch's KV cache (``None`` before :meth:`prefill`).
         model_seconds: wall time inside the target's forward calls of decode steps.
-        padded_tokens: tree tokens the forwards processed (``B x n_max`` per step).
-        tree_tokens: real tree nodes among them.
+        padded_tokens: tree tokens of the steps' padded layout (``B x n_max`` per step).
+        tree_tokens: real tree nodes among them (what a flat forward processes).
+        flat: trees of different sizes are verified flat (``flat_forwards`` and SDPA attention;
+            turned off for good if the model's attention turns out not to support it).
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, flat_forwards: bool = True) -> None:
         check_model(model)
         self.model = model
         parameter = next(model.parameters())
@@ -156,6 +183,8 @@ class BatchVerifier:
         self.model_seconds = 0.0
         self.padded_tokens = 0
         self.tree_tokens = 0
+        # Flat forwards need this module's attention (SDPA switched by gqa_attention).
+        self.flat = flat_forwards and getattr(model.config, "_attn_implementation", None) == "sdpa"
 
     @property
     def batch(self) -> int:
@@ -257,12 +286,15 @@ class BatchVerifier:
         mask[:, 0, :, physical:].masked_fill_(blocked, self._mask_min)
         return mask
 
-    def tree_inputs(self, trees: Sequence[DraftTree]) -> dict[str, Any]:
-        """The forward's inputs for one tree per live row (padded to the largest tree)."""
+    def tree_inputs(self, trees: Sequence[DraftTree], flat: bool = False) -> dict[str, Any]:
+        """The forward's inputs for one tree per live row: padded to the largest tree (``[B,
+        n_max]``), or ``flat`` (``[1, K]``, the rows' nodes one after another, with the
+        :class:`FlatLayout` under ``"layout"``); the 4D mask is the padded layout's in both."""
         batch = len(trees)
         if batch != self.batch:
             raise ValueError(f"expected one tree per live row ({self.batch}), got {batch}")
-        n_max = max(len(tree) for tree in trees)
+        sizes = np.fromiter((len(tree) for tree in trees), dtype=np.int64, count=batch)
+        n_max = int(sizes.max())
         ids = np.empty((batch, n_max), dtype=np.int64)
         positions = np.empty((batch, n_max), dtype=np.int64)
         ancestors = np.zeros((batch, n_max, n_max), dtype=bool)
@@ -275,6 +307,17 @@ class BatchVerifier:
             positions[row, n:] = self.lengths[row]
             ancestors[row, :n, :n] = tree.attention_mask() if n > 1 else True
             ancestors[row, padding[n:], padding[n:]] = True
+        if flat:
+            real = padding[None, :] < sizes[:, None]  # [B, n_max], row-major: rows one after another
+            rows, nodes = np.nonzero(real)
+            return {
+                "input_ids": torch.from_numpy(ids[real][None]).to(self.device),
+                "position_ids": torch.from_numpy(positions[real][None]).to(self.device),
+                "attention_mask": self.tree_mask(ancestors),
+                "layout": FlatLayout(
+                    torch.from_numpy(rows).to(self.device), torch.from_numpy(nodes).to(self.device), batch, n_max
+                ),
+            }
         input_ids = torch.from_numpy(ids).to(self.device)
         if batch == 1 and n_max == 1:
             # A lone root of a lone row is plain decoding (no holes at batch 1): as TreeVerifier.
@@ -289,22 +332,50 @@ class BatchVerifier:
     def forward_trees(self, trees: Sequence[DraftTree]) -> torch.Tensor:
         """Score every live row's tree in one forward pass.
 
-        Appends ``n_max`` columns to the cache (they stay until :meth:`commit`).
+        Trees of different sizes run flat (:attr:`flat`, see
+        :mod:`racer_rs.target.attention`): the forward computes the real nodes only; trees of one
+        size (a plain step, one row) run padded, which is then the same forward. Appends
+        ``n_max`` columns to the cache (they stay until :meth:`commit`).
 
         Args:
             trees: one tree per live row, in row order.
 
         Returns:
-            ``[B, n_max, V]`` raw logits; ``[b, i]`` predicts the token after node ``i`` of row
-            ``b`` (rows past a tree's size belong to padding nodes).
+            ``[K, V]`` raw logits of the ``K`` nodes, the rows' trees one after another: row
+            ``b``'s node ``i`` at ``offsets[b] + i`` (``offsets`` the trees' cumulative sizes,
+            :func:`tree_offsets`); each predicts the token after its node.
         """
-        inputs = self.tree_inputs(trees)
-        self.padded_tokens += int(inputs["input_ids"].numel())
-        self.tree_tokens += sum(len(tree) for tree in trees)
+        sizes = [len(tree) for tree in trees]
+        self.tree_tokens += sum(sizes)
+        self.padded_tokens += len(sizes) * max(sizes)
+        if self.flat and len(set(sizes)) > 1:
+            try:
+                return self._forward(trees, flat=True)
+            except FlatLayoutUnsupported:
+                # Some layer's attention is not one this layout covers: this model verifies
+                # padded from now on. The layers before it hold the flat step's columns.
+                for layer in self._layers():
+                    if layer.get_seq_length() > self.physical:
+                        layer.crop(self.physical - layer.get_seq_length())
+                self.flat = False
+        logits = self._forward(trees, flat=False)
+        if len(set(sizes)) == 1:
+            return logits.reshape(-1, logits.shape[-1])
+        real = torch.from_numpy(np.arange(logits.shape[1])[None, :] < np.asarray(sizes)[:, None]).to(logits.device)
+        return logits[real]
+
+    def _forward(self, trees: Sequence[DraftTree], flat: bool) -> torch.Tensor:
+        inputs = self.tree_inputs(trees, flat=flat)
+        layout = inputs.pop("layout", None)
         start = time.perf_counter()
-        with gqa_attention(self.model):
+        with gqa_attention(self.model), flat_layout(layout) if layout is not None else contextlib.nullcontext():
             logits: torch.Tensor = self.model(**inputs, cache=self.cache, use_cache=True).logits
         self.model_seconds += time.perf_counter() - start
+        if layout is not None:
+            if layout.calls != len(self._layers()):
+                # A layer attended without the flat layout: its output is not this step's.
+                raise FlatLayoutUnsupported(f"{layout.calls} flat attention calls for {len(self._layers())} layers")
+            return logits[0]
         return logits
 
     @torch.inference_mode()
@@ -376,3 +447,8 @@ class BatchVerifier:
         surplus = self.cache.get_seq_length() - self.physical
         if surplus > 0:
             self.cache.crop(-surplus)
+
+
+def tree_offsets(sizes: Sequence[int]) -> np.ndarray:
+    """Where each tree's nodes start in :meth:`BatchVerifier.forward_trees`'s flat logits."""
+    return np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))[:-1]]).astype(np.int64)
