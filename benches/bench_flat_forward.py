@@ -80,7 +80,10 @@ def main() -> int:
     print("token share (share of a step's cost above a plain one that grows with the nodes):")
     for context in args.contexts:
         values = share.at(int(share.sizes.max()), context)[share.sizes - 1]
-        print(f"   {context}-token context: " + ", ".join(f"m={m} {v:.2f}" for m, v in zip(share.sizes, values)))
+        print(
+            f"   {context}-token context: "
+            + ", ".join(f"m={m} {v:.2f}" for m, v in zip(share.sizes, values, strict=True))
+        )
     print("reproduce: python " + " ".join([sys.argv[0], *sys.argv[1:]]))
     return 0
 
