@@ -40,7 +40,7 @@ from racer_rs.autosize.cost_model import CostModel, MachineLoad, synthetic_tree 
 from racer_rs.autosize.sizer import Ranking, best_prefix_size  # noqa: E402
 from racer_rs.drafters.base import Proposal  # noqa: E402
 from racer_rs.engine import capacity, generation  # noqa: E402
-from racer_rs.engine.capacity import AutoCapacity  # noqa: E402
+from racer_rs.engine.capacity import AutoCapacity, StepReport  # noqa: E402
 from racer_rs.engine.decode_engine import DecodeEngine, DecodeState, Verification, Verified  # noqa: E402
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError, UnsupportedError  # noqa: E402
 from racer_rs.target import attention  # noqa: E402
@@ -719,6 +719,49 @@ def test_auto_cut_of_a_flat_step_keeps_each_row_s_own_best_prefix(forced_cost: A
     assert [len(p.tree) for p in cut] == sizes.tolist()
     for ranking, choice in zip(rankings, choices, strict=True):
         assert choice.keep.tolist() == sorted(ranking.order[: len(choice.keep)].tolist())  # best first
+
+
+def test_a_flat_step_teaches_the_curve_its_error_not_the_nodes_left_out(
+    forced_cost: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flat step that takes exactly its predicted seconds is observed as the uniform step's
+    predicted seconds at its padded size (no error to learn), and one 10% slower as 10% over it;
+    fails if the flat step's own seconds were observed (the curve would learn the saving)."""
+    forced_cost(lambda batch: _steep(per_node=0.05))
+    observed: list[tuple[int, float]] = []
+    monkeypatch.setattr(CostModel, "observe", lambda self, n, context, forward, overhead: observed.append((n, forward)))
+    model = _model("llama")
+    policy = AutoCapacity(model, "racer", greedy=True, max_capacity=16, max_rows=3)
+    for row in range(3):
+        policy.admit(row)
+    trees = [synthetic_tree(8, 96, branching=1), synthetic_tree(1, 96), synthetic_tree(1, 96)]
+    proposals = [Proposal(tree) for tree in trees]
+    policy.cut(proposals, [0, 1, 2], context=40, flat=True)
+    steps, share = policy.flat_prices[3]
+    extra = np.full(len(steps), 7.0)
+    predicted = float(flat_step_seconds(steps, share, extra, 3)[7])
+    assert predicted < float(steps[7])  # two rows of roots cost less than three rows of 8
+    for slower in (1.0, 1.1):
+        report = StepReport(
+            rows=[0, 1, 2],
+            full=proposals,
+            verified=proposals,
+            choices=[None, None, None],
+            paths=[np.asarray([0]), np.asarray([0]), np.asarray([0])],
+            bonuses=[1, 1, 1],
+            randomized=[False, False, False],
+            committed=[1, 1, 1],
+            context=40,
+            padded=8,
+            forward=0.0,
+            step=slower * predicted,
+        )
+        monkeypatch.setattr(policy.sizers[0], "learn", lambda *args, **kwargs: None)
+        for row in (1, 2):
+            monkeypatch.setattr(policy.sizers[row], "learn", lambda *args, **kwargs: None)
+        observed.clear()
+        policy.observe(report)
+        assert observed == [(8, pytest.approx(slower * float(steps[7])))]
 
 
 def test_batch_costs_are_measured_per_batch_size_and_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
