@@ -9,8 +9,9 @@ nothing more than bound the trees.
 accepted tokens per second of the batched forward are highest, down to plain decoding for every
 row when no node pays for its share of the forward. With one live row it is exactly the
 single-request rule (:meth:`racer_rs.autosize.sizer.TreeSizer.choose`: the tree prefix with the
-most expected tokens per second); with more, every row keeps its best nodes up to the padded size
-the batched forward's cost curve favours (:func:`racer_rs.autosize.batch_sizer.best_batch_size`).
+most expected tokens per second); with more, the step keeps the likeliest nodes over all rows
+that the batched forward's price of its nodes and padded size favours
+(:func:`racer_rs.autosize.batch_sizer.best_flat_sizes`).
 One calibration learns from every row; each batch size keeps its own cost model, corrected
 online (the machine's load followed fast, each size bucket's shape learned slowly), so a first
 measurement that is wrong at one shape does not stick.
