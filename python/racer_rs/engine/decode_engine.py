@@ -62,7 +62,7 @@ from racer_rs.target.sampling import (
 )
 
 TIMING_KEYS = ("prefill", "draft", "verify", "forward", "accept", "bookkeeping", "total")
-#: The acceptors' host results, ``[B, n_max]`` each: every row reads its own nodes.
+#: The acceptors' host results, ``[K]`` each (the step's nodes, rows one after another): every row reads its own.
 WALK_RESULTS = ("predicted", "valid")
 
 
