@@ -688,12 +688,17 @@ def test_auto_batches_are_lossless_and_spend_one_budget(forced_cost: Any, method
         assert max(max(r.extras["auto_capacity"]["chosen_sizes"]) for r in results) > 8
 
 
-def test_auto_cut_fills_every_row_up_to_the_chosen_padded_size(forced_cost: Any) -> None:
-    forced_cost(lambda batch: _steep(per_node=0.02))
-    model = _model("llama")
-    policy = AutoCapacity(model, "racer", greedy=True, max_capacity=16, max_rows=3)
+def _three_row_policy() -> AutoCapacity:
+    """``capacity="auto"`` on the llama model with rows 0, 1 and 2 admitted (costs as forced)."""
+    policy = AutoCapacity(_model("llama"), "racer", greedy=True, max_capacity=16, max_rows=3)
     for row in range(3):
         policy.admit(row)
+    return policy
+
+
+def test_auto_cut_fills_every_row_up_to_the_chosen_padded_size(forced_cost: Any) -> None:
+    forced_cost(lambda batch: _steep(per_node=0.02))
+    policy = _three_row_policy()
     trees = [synthetic_tree(n, 96, branching=b) for n, b in [(16, 1), (3, 2), (9, 3)]]
     proposals = [Proposal(tree) for tree in trees]
     cut, choices = policy.cut(proposals, [0, 1, 2], context=40, flat=False)
@@ -707,10 +712,7 @@ def test_auto_cut_fills_every_row_up_to_the_chosen_padded_size(forced_cost: Any)
 
 def test_auto_cut_of_a_flat_step_keeps_each_row_s_own_best_prefix(forced_cost: Any) -> None:
     forced_cost(lambda batch: _steep(per_node=0.02))
-    model = _model("llama")
-    policy = AutoCapacity(model, "racer", greedy=True, max_capacity=16, max_rows=3)
-    for row in range(3):
-        policy.admit(row)
+    policy = _three_row_policy()
     trees = [synthetic_tree(n, 96, branching=b) for n, b in [(16, 1), (3, 2), (9, 3)]]
     cut, choices = policy.cut([Proposal(tree) for tree in trees], [0, 1, 2], context=40, flat=True)
     rankings = [policy.sizers[row].rank(tree) for row, tree in enumerate(trees)]
@@ -730,10 +732,9 @@ def test_a_flat_step_teaches_the_curve_its_error_not_the_nodes_left_out(
     forced_cost(lambda batch: _steep(per_node=0.05))
     observed: list[tuple[int, float]] = []
     monkeypatch.setattr(CostModel, "observe", lambda self, n, context, forward, overhead: observed.append((n, forward)))
-    model = _model("llama")
-    policy = AutoCapacity(model, "racer", greedy=True, max_capacity=16, max_rows=3)
-    for row in range(3):
-        policy.admit(row)
+    policy = _three_row_policy()
+    for row in range(3):  # what the rows learn is not this test's
+        monkeypatch.setattr(policy.sizers[row], "learn", lambda *args, **kwargs: None)
     trees = [synthetic_tree(8, 96, branching=1), synthetic_tree(1, 96), synthetic_tree(1, 96)]
     proposals = [Proposal(tree) for tree in trees]
     policy.cut(proposals, [0, 1, 2], context=40, flat=True)
@@ -756,9 +757,6 @@ def test_a_flat_step_teaches_the_curve_its_error_not_the_nodes_left_out(
             forward=0.0,
             step=slower * predicted,
         )
-        monkeypatch.setattr(policy.sizers[0], "learn", lambda *args, **kwargs: None)
-        for row in (1, 2):
-            monkeypatch.setattr(policy.sizers[row], "learn", lambda *args, **kwargs: None)
         observed.clear()
         policy.observe(report)
         assert observed == [(8, pytest.approx(slower * float(steps[7])))]

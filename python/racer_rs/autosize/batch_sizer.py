@@ -81,7 +81,8 @@ def flat_step_seconds(uniform: np.ndarray, share: np.ndarray, extra: np.ndarray,
     Args:
         uniform: seconds of a step in which every row verifies ``1, 2, ...`` nodes.
         share: per padded size, the part of ``uniform - uniform[0]`` that grows with the nodes.
-        extra: per padded size, the drafted nodes (beyond the rows' roots) verified.
+        extra: per padded size (the last axis; leading axes price several node counts at once),
+            the drafted nodes (beyond the rows' roots) verified.
         batch: the live rows.
     """
     uniform = np.asarray(uniform, dtype=np.float64)
@@ -130,12 +131,12 @@ def best_flat_sizes(probabilities: Sequence[np.ndarray], step_seconds: np.ndarra
     counts = np.cumsum(allowed, axis=1)
     uniform = np.asarray(step_seconds[:limit], dtype=np.float64)
     shares = np.asarray(share, dtype=np.float64)[:limit]
-    plain = uniform[0]
-    spread = np.interp(1 + counts / batch, np.arange(1, limit + 1), uniform)
-    seconds = plain + shares[1:, None] * (spread - plain) + (1 - shares[1:, None]) * (uniform[1:, None] - plain)
+    # Row m - 1 of the node counts is padded size m's (size 1 keeps none).
+    extra = np.vstack([np.zeros(counts.shape[1]), counts])
+    seconds = flat_step_seconds(uniform, shares, extra.T, batch).T[1:]
     rates = np.where(allowed, (batch + gains) / seconds, -np.inf)
     best = float(rates.max())
-    if not best > (batch / plain) * (1 + 1e-9):
+    if not best > (batch / uniform[0]) * (1 + 1e-9):
         return np.ones(batch, dtype=np.int64)
     size_index, node_index = map(int, np.argwhere(rates >= best * (1 - 1e-9))[0])
     kept = allowed[size_index, : node_index + 1]

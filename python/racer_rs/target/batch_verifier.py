@@ -348,7 +348,8 @@ class BatchVerifier:
         sizes = [len(tree) for tree in trees]
         self.tree_tokens += sum(sizes)
         self.padded_tokens += len(sizes) * max(sizes)
-        if self.flat and len(set(sizes)) > 1:
+        uniform = len(set(sizes)) == 1
+        if self.flat and not uniform:
             try:
                 return self._forward(trees, flat=True)
             except FlatLayoutUnsupported:
@@ -359,7 +360,7 @@ class BatchVerifier:
                         layer.crop(self.physical - layer.get_seq_length())
                 self.flat = False
         logits = self._forward(trees, flat=False)
-        if len(set(sizes)) == 1:
+        if uniform:
             return logits.reshape(-1, logits.shape[-1])
         real = torch.from_numpy(np.arange(logits.shape[1])[None, :] < np.asarray(sizes)[:, None]).to(logits.device)
         return logits[real]
