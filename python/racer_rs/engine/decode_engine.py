@@ -282,7 +282,9 @@ class DecodeEngine:
         eos_token_ids: ids that end a request.
         max_rows: the most rows live at once.
         started: ``time.perf_counter()`` at the call's start.
-        on_finish: called with every row's state as it finishes (in finishing order).
+        on_finish: called with every row's state and the engine as the row finishes (in
+            finishing order); the engine is passed, not captured, so that no reference cycle
+            keeps a finished run's KV cache alive until the garbage collector finds it.
         isolate_failures: a row whose drafter or streamer fails ends alone (its error kept in its
             state) instead of the whole call raising.
     """
@@ -296,7 +298,7 @@ class DecodeEngine:
         eos_token_ids: tuple[int, ...],
         max_rows: int,
         started: float,
-        on_finish: Callable[[DecodeState], None],
+        on_finish: Callable[[DecodeState, DecodeEngine], None],
         isolate_failures: bool,
     ) -> None:
         self.verifier = verifier
@@ -709,6 +711,6 @@ class DecodeEngine:
                 if not self.isolate_failures:
                     raise RowFailure(state, failure)
                 state.error = failure
-            self.on_finish(state)
+            self.on_finish(state, self)
             self.drafting.release(state.row)
             self.policy.release(state.row)

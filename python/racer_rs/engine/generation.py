@@ -385,7 +385,7 @@ def run_requests(
     results: list[GenerationResult | None] = [None] * len(requests)
     batched = isolate_failures  # generate_batch's rows carry the batch's statistics
 
-    def on_finish(state: DecodeState) -> None:
+    def on_finish(state: DecodeState, engine: DecodeEngine) -> None:
         assert state.request is not None
         results[state.request.index] = assemble_result(state, engine, policy, started, batched)
 
