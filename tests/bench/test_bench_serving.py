@@ -209,6 +209,29 @@ def test_the_benchmark_calls_generate_batch_in_round_order(tiny_model):
     assert [r["setup_s"] for r in rows if r["concurrency"] == 4] == [0.0, 1.0, 0.0]  # two rounds
 
 
+def test_every_timed_call_starts_from_a_trimmed_heap(tiny_model, monkeypatch):
+    """The C heap's free memory goes back to the system before each call, outside its timing."""
+    from racer_rs.bench import serving
+    from racer_rs.loading.models import load_model
+
+    events: list[str] = []
+
+    def fake(model: Any, prompts: Any, *, method: str, **_: Any) -> Any:
+        events.append(method)
+        extras: dict[str, Any] = {"admitted_s": 0.0, "first_token_s": 0.1}
+        return [SimpleNamespace(tokens=[1, 2], steps=2, timings={"total": 0.2}, extras=extras) for _ in prompts]
+
+    monkeypatch.setattr(serving, "release_free_heap", lambda: events.append("trim"))
+    model, _ = load_model(str(tiny_model), device="cpu", dtype="float32")
+    bench = ServingBenchmark(
+        model, ["ar", "pld"], capacity=8, max_capacity=8, max_new_tokens=4,
+        eos_token_id=None, warmup=0, repeat=1, seed=0,
+    )  # fmt: skip
+    bench._engine = SimpleNamespace(generate_batch=fake)
+    bench.run([[1, 2, 3]] * 2, [2], [Setting(0.0)])
+    assert events == ["trim", "ar", "trim", "pld", "trim", "ar"]
+
+
 def _record(
     method: str, latency: list[float], tokens: int = 5, ar_pass: int = 0, round_index: int = 0
 ) -> ServingRecord:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from racer_rs._validate import capacity as capacity_rule
+from racer_rs.bench.heap import release_free_heap
 from racer_rs.bench.prompting import encode_conversation, encode_text
 from racer_rs.bench.prompts import Question
 
@@ -150,6 +151,7 @@ class BatchBenchmark:
             **self.options.get(label, {}),
         }
         torch.manual_seed(seed)
+        release_free_heap()  # outside the timing: each call starts from a trimmed heap
         self._synchronize()
         start = time.perf_counter()
         if mode == "batched":

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from racer_rs._validate import capacity as capacity_rule
+from racer_rs.bench.heap import release_free_heap
 from racer_rs.bench.hf_peers import PEERS
 from racer_rs.bench.prompting import encode_conversation, encode_text
 from racer_rs.bench.prompts import Question, TokenPrompt
@@ -405,6 +406,7 @@ class BenchmarkRunner:
         spec = self.config.spec(label)
         method = spec.method
         torch.manual_seed(seed)
+        release_free_heap()  # outside the timing: each call starts from a trimmed heap
         self._synchronize()
         start = time.perf_counter()
         with error_context(f"{question.source}:{question.line}: method {label}"):

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from racer_rs.bench.batch_throughput import split
+from racer_rs.bench.heap import release_free_heap
 from racer_rs.bench.runner import BASELINE, INDEX_VARIANT, WARMUP_TOKENS, Setting, first_difference, uses_index
 from racer_rs.bench.stats import Estimate, disturbed, geometric_mean
 from racer_rs.errors import InvalidArgumentError
@@ -225,6 +226,7 @@ class ServingBenchmark:
             **self.options.get(label, {}),
         }
         torch.manual_seed(self.seed)
+        release_free_heap()  # outside the timing: each call starts from a trimmed heap
         self._synchronize()
         start = time.perf_counter()
         results = self._engine.generate_batch(
