@@ -215,9 +215,10 @@ def test_a_long_job_holds_nothing_of_finished_requests(
     assert len(leftover) == 0 and engine.policy.sizers == {} and engine.live == []
 
 
+@pytest.mark.parametrize("method", ["racer", "suffix", "racer_tts"])
 @pytest.mark.parametrize("batched", [True, False])
 def test_a_finished_call_frees_its_engine_and_kv_cache_without_the_garbage_collector(
-    model: torch.nn.Module, batched: bool
+    model: torch.nn.Module, batched: bool, method: str
 ) -> None:
     """A call's engine, verifier and KV cache go when the call returns, by reference counting: a
     reference cycle would keep each call's cache (hundreds of MB for a real model) until Python's
@@ -230,14 +231,19 @@ def test_a_finished_call_frees_its_engine_and_kv_cache_without_the_garbage_colle
     def alive() -> int:
         return sum(isinstance(o, (DecodeEngine, BatchVerifier)) for o in gc.get_objects())
 
+    if method == "suffix":
+        pytest.importorskip("arctic_inference", reason="suffix is ArcticInference's code")
+    options: dict[str, Any] = {"method": method, "max_new_tokens": 5}
+    if method == "racer_tts":  # a draft model, its canvas and its online updates
+        options.update(draft_model=tiny_model("llama", seed=3), canvas=4, update_every=2, lr=1e-2)
     gc.collect()
     before = alive()
     gc.disable()
     try:
         if batched:
-            racer_rs.generate_batch(model, PROMPTS[:3], method="racer", max_new_tokens=5, max_batch_size=2)
+            racer_rs.generate_batch(model, PROMPTS[:3], max_batch_size=2, **options)
         else:
-            racer_rs.generate(model, PROMPTS[0], method="racer", max_new_tokens=5)
+            racer_rs.generate(model, PROMPTS[0], **options)
         assert alive() == before
     finally:
         gc.enable()
