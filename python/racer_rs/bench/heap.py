@@ -21,7 +21,7 @@ from typing import Any
 def _malloc_trim() -> Any:
     try:
         return ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):  # not glibc (musl, macOS, Windows)
+    except (AttributeError, OSError, TypeError):  # not glibc (musl, macOS; Windows takes no None)
         return None
 
 
