@@ -372,7 +372,7 @@ def one_row_engine(
         eos,
         1,
         time.perf_counter(),
-        finished.append,
+        lambda state, _engine: finished.append(state),
         False,
     )
     return engine, finished
