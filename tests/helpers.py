@@ -212,6 +212,14 @@ REPEATING_PROMPT = [3, 17, 42, 8, 3, 17, 42, 8, 3, 17, 42, 8, 55, 3, 17, 42]
 """A prompt whose n-grams recur, so retrieval drafters find matches."""
 
 
+def own_request_only(method: str) -> dict[str, Any]:
+    """Options that make ``method`` draft from each request alone: no index shared by a call's
+    rows (the racer methods' default has one), so a row drafts what its request drafts alone."""
+    from racer_rs.drafters import accepted_options
+
+    return {"index": None} if "index" in accepted_options(method) else {}
+
+
 def random_prompt(seed: int, length: int = 24, vocab: int = VOCAB) -> list[int]:
     """A seeded prompt of distinct-looking random tokens (few repeated n-grams)."""
     generator = torch.Generator().manual_seed(seed)

@@ -294,7 +294,7 @@ def test_persistent_mode_is_recorded(tiny_model, data_file, tmp_path, capsys):
     assert code == 0, stderr
     assert report["config"]["state"] == "persistent"
     states = report["config"]["state_by_method"]
-    assert states["racer"] == "persistent"
+    assert states["racer"] == "persistent; shared index: learns across requests"
     assert states["ar"] in ("stateless", "persistent")  # ar has no state worth keeping
     assert all(r["mismatch"] in (None, False) for r in report["records"])
 
@@ -573,8 +573,9 @@ def test_suffix_is_reported_as_learning_across_requests(arctic, tiny_model, data
     )
     assert code == 0, stderr
     states = report["config"]["state_by_method"]
-    assert states == {"suffix": LEARNS_ACROSS_REQUESTS}
+    assert states == {"suffix": LEARNS_ACROSS_REQUESTS, "racer": "shared index: learns across requests"}
     assert "note: suffix: global tree of past responses learns across requests" in out
+    assert "note: racer: shared index of past responses learns across requests (kept between" in out
     records = [r for r in report["records"] if r["method"] == "suffix"]
     assert [r["extras"]["cached_requests"] for r in records] == list(range(1, len(records) + 1))
     assert all(r["extras"]["global_tree"] is True and r["extras"]["mode"] == "tree" for r in records)

@@ -151,7 +151,7 @@ def _calm(monkeypatch):
 def test_best_of_n_runs_samples_in_a_row_and_the_index_learns(tiny_model, prompts, tmp_path, capsys):
     code, out, err, report = bench(
         capsys, tiny_model, prompts, tmp_path / "o", "--workload", "best_of_n", "--limit", "2", "--samples", "3",
-        "--methods", "racer,racer+index",
+        "--methods", "racer,racer+index", "--option", "racer.index=null",
     )  # fmt: skip
     assert code == 0, err
     config = report["config"]
@@ -215,7 +215,9 @@ def test_bench_uses_an_index_file_read_only(tiny_model, prompts, tmp_path, capsy
     )  # fmt: skip
     assert code == 0, err
     assert report["config"]["workload"] == "spec_bench" and report["config"]["index"] == str(index)
-    assert report["config"]["index_learns"] is False and report["config"]["state_by_method"] == {}
+    assert report["config"]["index_learns"] is False
+    # Only the plain label's own default index (in memory) learns; the file is read only.
+    assert report["config"]["state_by_method"] == {"racer": "shared index: learns across requests"}
     records = [r for r in report["records"] if uses_index(r["method"])]
     assert records and all(r["extras"]["index"] == str(index) and r["extras"]["index_learns"] is False for r in records)
     assert len({r["extras"]["index_nodes"] for r in records}) == 1  # read only

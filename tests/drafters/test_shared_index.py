@@ -33,6 +33,7 @@ from racer_rs import Automaton  # noqa: E402
 from racer_rs.drafters import make_drafter  # noqa: E402
 from racer_rs.drafters.index import INDEX_MAX_NODES, forget_indexes, open_index  # noqa: E402
 from racer_rs.drafters.racer import RacerDrafter, RacerOptions  # noqa: E402
+from racer_rs.engine.drafting import racer_part  # noqa: E402
 from racer_rs.errors import CorruptFileError, InvalidArgumentError, InvalidTypeError  # noqa: E402
 from racer_rs.target.sampling import SamplingConfig  # noqa: E402
 from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, random_prompt, tiny_model  # noqa: E402
@@ -198,7 +199,7 @@ def test_a_learned_response_is_the_response_with_a_short_prompt_lead_in(model):
 
 
 def test_stats_report_the_index(model):
-    plain = racer_rs.generate(model, [1, 2, 3], max_new_tokens=8)
+    plain = racer_rs.generate(model, [1, 2, 3], max_new_tokens=8, index=None)
     assert plain.extras["index"] is None and "index_nodes" not in plain.extras
     learned = racer_rs.generate(model, [1, 2, 3], max_new_tokens=8, index="memory", index_max_nodes=5_000)
     assert learned.extras["index"] == "memory" and learned.extras["index_learns"] is True
@@ -207,8 +208,30 @@ def test_stats_report_the_index(model):
     assert drafter.learns_across_requests and drafter.learning_state == "shared index: learns across requests"
     reader = make_drafter("racer", model, index="memory", learn=False)
     assert not reader.learns_across_requests and reader.learning_state == "shared index: read only"
-    assert not make_drafter("racer", model).learns_across_requests
+    assert not make_drafter("racer", model, index=None).learns_across_requests
     assert make_drafter("racer", model, index="memory").index.automaton.max_nodes == INDEX_MAX_NODES
+
+
+@pytest.mark.parametrize("method", ["racer", "racer_scored", "racer_retrieval", "racer_tts"])
+def test_the_retrieval_methods_learn_into_an_index_of_their_own_by_default(model, method):
+    options = {"draft_model": tiny_model("llama", seed=1)} if method == "racer_tts" else {}
+    drafter = make_drafter(method, model, **options)
+    index = racer_part(drafter).index
+    assert (index.source, index.scope, index.learn) == ("memory", "drafter", True)
+    assert index.automaton is not racer_part(make_drafter(method, model, **options)).index.automaton
+    assert drafter.learns_across_requests
+    # Turned off with index=None; an index_scope given alone applies to the default index.
+    assert racer_part(make_drafter(method, model, index=None, **options)).index is None
+    shared = racer_part(make_drafter(method, model, index_scope="process", **options)).index
+    assert shared.scope == "process"
+    assert shared.automaton is racer_part(make_drafter(method, model, index_scope="process", **options)).index.automaton
+    # The default is the call's: one generate call does not see another's answers.
+    default = racer_rs.generate(model, REPEATING_PROMPT, method=method, max_new_tokens=8, **options)
+    assert default.extras["index"] == "memory" and default.extras["index_learns"] is True
+
+
+def test_the_logits_method_has_no_index_by_default(model):
+    assert make_drafter("racer_logits", model).index is None
 
 
 # --- per-request state ---------------------------------------------------------------------
@@ -394,8 +417,8 @@ def test_an_index_from_another_vocabulary_is_a_clear_error(model):
 @pytest.mark.parametrize(
     ("options", "error", "fragment"),
     [
-        ({"learn": True}, InvalidArgumentError, "learn=True needs an index"),
-        ({"index_max_nodes": 100}, InvalidArgumentError, "index_max_nodes needs index='memory'"),
+        ({"index": None, "learn": True}, InvalidArgumentError, "learn=True needs an index"),
+        ({"index": None, "index_max_nodes": 100}, InvalidArgumentError, "index_max_nodes needs index='memory'"),
         ({"index": "memory", "index_max_nodes": 0}, InvalidArgumentError, "index_max_nodes must be >= 1"),
         ({"index": "memory", "index_max_nodes": 3}, InvalidArgumentError, "max_nodes"),
         ({"index": "memory", "index_scope": "thread"}, InvalidArgumentError, "index_scope"),
@@ -482,9 +505,12 @@ def test_a_row_admitted_later_drafts_from_a_finished_rows_response(model, method
     read_only = repeat_after_a_finished_row(model, method=method, index="memory", index_scope="drafter", learn=False)
     assert read_only[2].extras["index_nodes"] == 0
     assert read_only[2].accepted_lengths == read_only[0].accepted_lengths
-    plain = repeat_after_a_finished_row(model, method=method)
+    plain = repeat_after_a_finished_row(model, method=method, index=None)
     assert plain[2].extras["index"] is None
     assert plain[2].accepted_lengths == plain[0].accepted_lengths == read_only[0].accepted_lengths
+    # The call's index is the method's default.
+    default = repeat_after_a_finished_row(model, method=method)
+    assert [r.accepted_lengths for r in default] == [r.accepted_lengths for r in learned]
 
 
 def test_a_drafter_scope_index_belongs_to_its_call(model):
@@ -505,7 +531,7 @@ def test_rows_drafted_one_by_one_share_the_calls_index_too(model):
     assert "draft_pool" not in results[2].extras
     # Each row reports the index as it finished (rows 0, 2, 1): one index, growing.
     assert 0 < results[0].extras["index_nodes"] <= results[2].extras["index_nodes"] < results[1].extras["index_nodes"]
-    alone = repeat_after_a_finished_row(model, method="racer_tts", draft_model=tiny_model("llama", seed=1))
+    alone = repeat_after_a_finished_row(model, method="racer_tts", draft_model=tiny_model("llama", seed=1), index=None)
     assert results[2].mat > alone[2].mat
 
 

@@ -17,7 +17,14 @@ from racer_rs.drafters.pld import PromptLookupDrafter  # noqa: E402
 from racer_rs.engine import generation  # noqa: E402
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError  # noqa: E402
 from racer_rs.target.sampling import SamplingConfig  # noqa: E402
-from tests.helpers import REPEATING_PROMPT, plain_greedy, plain_sampling, random_prompt, tiny_model  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    REPEATING_PROMPT,
+    own_request_only,
+    plain_greedy,
+    plain_sampling,
+    random_prompt,
+    tiny_model,
+)
 
 # Rows are compared with their own generate(): the same drafts (tests/engine/conftest.py).
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("same_drafts_as_generate")]
@@ -63,8 +70,9 @@ def test_more_prompts_than_rows_every_row_equals_plain_greedy_and_its_own_genera
     model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, method: str, max_batch_size: int
 ) -> None:
     spy = EngineSpy(monkeypatch)
+    isolated = own_request_only(method)
     results = racer_rs.generate_batch(
-        model, PROMPTS, method=method, max_new_tokens=BUDGETS, capacity=8, max_batch_size=max_batch_size
+        model, PROMPTS, method=method, max_new_tokens=BUDGETS, capacity=8, max_batch_size=max_batch_size, **isolated
     )
     [engine] = spy.engines
     assert engine.peak_rows == max_batch_size  # never more rows live than allowed, and that many used
@@ -73,7 +81,7 @@ def test_more_prompts_than_rows_every_row_equals_plain_greedy_and_its_own_genera
         assert result.tokens == plain_greedy(model, prompt, budget)
         # A row admitted into a freed place drafts exactly what its request drafts alone: nothing
         # of the request that finished there reached it.
-        alone = racer_rs.generate(model, prompt, method=method, max_new_tokens=budget, capacity=8)
+        alone = racer_rs.generate(model, prompt, method=method, max_new_tokens=budget, capacity=8, **isolated)
         assert result.accepted_lengths == alone.accepted_lengths
     admitted = [r.extras["admitted_s"] for r in results]
     assert admitted == sorted(admitted)  # prompts are admitted in order

@@ -47,7 +47,15 @@ from racer_rs.target import attention  # noqa: E402
 from racer_rs.target.batch_verifier import BatchVerifier, tree_offsets  # noqa: E402
 from racer_rs.target.sampling import SamplingConfig, process_logits, resample_node  # noqa: E402
 from racer_rs.target.verifier import TreeVerifier  # noqa: E402
-from tests.helpers import FAMILIES, REPEATING_PROMPT, plain_greedy, plain_sampling, random_prompt, tiny_model  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    FAMILIES,
+    REPEATING_PROMPT,
+    own_request_only,
+    plain_greedy,
+    plain_sampling,
+    random_prompt,
+    tiny_model,
+)
 from tests.stats import chi_square_pvalue  # noqa: E402
 
 # Rows are compared with their own generate(): the same drafts (tests/engine/conftest.py).
@@ -92,10 +100,10 @@ def test_every_row_equals_plain_greedy(family: str, method: str) -> None:
 def test_every_row_takes_the_steps_generate_takes(method: str) -> None:
     """Each row drafts what its own request would (one DraftPool call for RACER's methods) and
     accepts the same paths: accepted lengths match ``generate`` step for step."""
-    model = _model("llama")
-    results = racer_rs.generate_batch(model, PROMPTS, method=method, max_new_tokens=BUDGETS, capacity=12)
+    model, isolated = _model("llama"), own_request_only(method)
+    results = racer_rs.generate_batch(model, PROMPTS, method=method, max_new_tokens=BUDGETS, capacity=12, **isolated)
     for prompt, budget, result in zip(PROMPTS, BUDGETS, results, strict=True):
-        alone = racer_rs.generate(model, prompt, method=method, max_new_tokens=budget, capacity=12)
+        alone = racer_rs.generate(model, prompt, method=method, max_new_tokens=budget, capacity=12, **isolated)
         assert result.accepted_lengths == alone.accepted_lengths
         assert result.extras["mean_tree_size"] == pytest.approx(alone.extras["mean_tree_size"])
     if method != "ar":

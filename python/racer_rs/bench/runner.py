@@ -234,8 +234,9 @@ class BenchmarkRunner:
         self.skipped: list[dict[str, Any]] = []
         self._window = _model_window(model)
         #: Per method in persistent mode: "persistent", or "stateless" when it takes no such option;
-        #: in either mode, :data:`LEARNS_ACROSS_REQUESTS` for a method that always keeps what it
-        #: learned from earlier requests (SuffixDecoding's global tree).
+        #: in either mode, :data:`LEARNS_ACROSS_REQUESTS` (or the drafter's ``learning_state``)
+        #: for a method that keeps what it learned from earlier requests (SuffixDecoding's global
+        #: tree, the racer methods' index), after "persistent; " in persistent mode.
         self.state_by_method: dict[str, str] = {}
 
     def build_drafters(self) -> dict[str, Any]:
@@ -263,7 +264,9 @@ class BenchmarkRunner:
             with error_context(f"method {label}"):
                 drafter = self._make_drafter(method, self.model, **options)
         if getattr(drafter, "learns_across_requests", False):
-            self.state_by_method[label] = getattr(drafter, "learning_state", LEARNS_ACROSS_REQUESTS)
+            learning = getattr(drafter, "learning_state", LEARNS_ACROSS_REQUESTS)
+            persistent = self.state_by_method.get(label) == "persistent"
+            self.state_by_method[label] = f"persistent; {learning}" if persistent else learning
         return drafter
 
     def run(

@@ -512,11 +512,13 @@ def _run(args: argparse.Namespace) -> int:
             f"note: {', '.join(learning)}: global tree of past responses learns across requests "
             "(kept between questions, unlike the other methods' state without --persistent)"
         )
-    indexed = [m for m in methods if runner.state_by_method.get(m) == LEARNS_INTO_INDEX]
+    indexed = [m for m in methods if runner.state_by_method.get(m, "").endswith(LEARNS_INTO_INDEX)]
     if indexed:
+        # The racer methods' own default index is in memory; a METHOD+index label's is --index.
+        source = f"{INDEX_VARIANT}: {index}; " if any(uses_index(m) for m in indexed) else ""
         print(
             f"note: {', '.join(indexed)}: shared index of past responses learns across requests "
-            f"({index}; kept between questions, emptied or reloaded at each setting)"
+            f"({source}kept between questions, emptied or reloaded at each setting)"
         )
     config_record = _config(args, models, data, config, runner.state_by_method, workload, limit)
     report = build_report(config_record, records, summary)

@@ -86,7 +86,7 @@ class RacerTTSDrafter(Drafter):
             )
         racer = {key: value for key, value in options.items() if key in RACER_OPTIONS}
         tts = {key: value for key, value in options.items() if key in TTS_OPTIONS}
-        self.racer = RacerDrafter(model, RacerOptions(**racer), name="racer_tts")
+        self.racer = RacerDrafter(model, RacerOptions.for_method("racer", racer), name="racer_tts")
         self.tts = TTSDrafter(model, draft_model=draft_model, canvas=canvas, **tts)
         self.adapt = adapt
         self.needs_topk = self.racer.needs_topk

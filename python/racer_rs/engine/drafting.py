@@ -343,6 +343,7 @@ def make_drafting(
         return RowDrafting(lambda: make_drafter(method, model, **options), rows, first)
     # A drafter-scope index is the call's: every row's drafter reads and teaches first's.
     own = {key: value for key, value in options.items() if key not in INDEX_OPTIONS}
+    own["index"] = None  # not an index of each row's own, which first's replaces at once
 
     def build() -> Drafter:
         drafter = make_drafter(method, model, **own)
