@@ -201,6 +201,7 @@ def test_the_benchmark_calls_generate_batch_in_round_order(tiny_model):
     ]
     expected = []
     for size in (1, 4):
+        expected.append(("ar", 8, size, 3))  # every request's shapes met once, untimed
         expected += [(m, c, size, min(size, 3)) for m, c in warm]  # warm-up on the first C prompts
         expected += [(m, c, size, 3) for r in rounds for m, c in r]
     assert calls == expected

@@ -46,7 +46,7 @@ def add_parser(subparsers: Any) -> None:
         "--index",
         metavar="INDEX",
         help="a racer method also drafts from this shared index: a file made by racer index build "
-        "(or memory: an empty in-memory one)",
+        "(or memory: an empty in-memory one, the default of the methods that take one)",
     )
     parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="highlight drafted tokens")

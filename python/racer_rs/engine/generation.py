@@ -229,7 +229,9 @@ def generate(
         drafter: a prebuilt drafter to use instead of ``method`` (reuse it across calls with
             its persistent mode to keep its state between requests).
         **method_options: options of the method's drafter (e.g. ``persistent=True``; for the racer
-            methods ``index="memory"`` or ``index="file.idx"``: a shared index, learning across calls).
+            methods that draft by retrieval ``index``: by default an index of the call's own,
+            ``index=None`` for none, ``index="file.idx"`` or ``index="memory",
+            index_scope="process"`` for one shared across calls).
 
     Returns:
         The generated tokens with per-step acceptance statistics and timings.
