@@ -42,7 +42,7 @@ import numpy as np
 
 from racer_rs.bench.batch_throughput import split
 from racer_rs.bench.heap import release_free_heap
-from racer_rs.bench.runner import BASELINE, INDEX_VARIANT, WARMUP_TOKENS, Setting, first_difference, uses_index
+from racer_rs.bench.runner import BASELINE, INDEX_VARIANT, Setting, first_difference, uses_index
 from racer_rs.bench.stats import Estimate, disturbed, geometric_mean
 from racer_rs.errors import InvalidArgumentError
 
@@ -160,9 +160,8 @@ class ServingBenchmark:
         capacity: the capacity of labels without one; ``max_capacity`` for ``auto``.
         max_new_tokens: every request's budget; ``eos_token_id`` ends a request.
         warmup: untimed calls per method at each concurrency and setting (on the first ``C``
-            requests, at most :data:`~racer_rs.bench.runner.WARMUP_TOKENS` new tokens); with
-            any, each level opens with one untimed call of the first method (``ar``) over every
-            request at the full budget (see :meth:`run`).
+            requests, at the full budget); with any, each level opens with one untimed call of
+            the first method (``ar``) over every request (see :meth:`run`).
         repeat: rounds per concurrency and setting.
         seed: request ``i`` samples with ``seed + i``.
         options: per label, the method's options.
@@ -253,17 +252,20 @@ class ServingBenchmark:
         round_index = 0
         for setting in settings:
             for concurrency in concurrencies:
-                warm = min(WARMUP_TOKENS, self.max_new_tokens)
                 if self.warmup:
                     # The first call to meet a shape pays once for it (a prefill of each prompt
-                    # length, attention over each context length past the short warm-ups): 39.2
-                    # and 39.5 s for the opening ar run of a level against 34.0-35.1 for ar's
-                    # three later runs (Qwen2.5-Coder-0.5B, 48 requests at C = 16). ar opens
-                    # every round, so this fell on the baseline and flattered every other method.
+                    # length, attention over each context length): 39.2 and 39.5 s for the
+                    # opening ar run of a level after warm-ups of 32 tokens, against 34.0-35.1
+                    # for ar's three later runs (Qwen2.5-Coder-0.5B, 48 requests at C = 16). ar
+                    # opens every round, so this fell on the baseline and flattered the others.
                     self._call(self.methods[0], prompts, setting, concurrency, self.max_new_tokens)
                 for _ in range(self.warmup):
+                    # A full wave per method, so that what a method learns once per process (its
+                    # tree shapes, the drafting switch's first tries) is not timed either: racer's
+                    # first timed call of a one-wave level took 12.8 s, its second 11.4 s, both
+                    # 58-59 steps (Qwen2.5-Coder-0.5B, 16 requests at C = 16).
                     for label in self.methods:
-                        self._call(label, prompts[:concurrency], setting, concurrency, warm)
+                        self._call(label, prompts[:concurrency], setting, concurrency, self.max_new_tokens)
                 for repeat in range(self.repeat):
                     done = []
                     for label, ar_pass in round_order(self.methods, round_index):

@@ -134,7 +134,12 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="the METHOD+index methods only read the index (finished responses are not added to it)",
     )
-    parser.add_argument("--warmup", type=common.non_negative_int, default=1, help="untimed runs per method")
+    parser.add_argument(
+        "--warmup",
+        type=common.non_negative_int,
+        default=1,
+        help="untimed runs per method (with --concurrency: a full wave each, after one ar run over every request)",
+    )
     parser.add_argument(
         "--repeat",
         type=common.positive_int,
