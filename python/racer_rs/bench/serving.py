@@ -253,11 +253,13 @@ class ServingBenchmark:
         for setting in settings:
             for concurrency in concurrencies:
                 if self.warmup:
-                    # The first call to meet a shape pays once for it (a prefill of each prompt
-                    # length, attention over each context length): 39.2 and 39.5 s for the
-                    # opening ar run of a level after warm-ups of 32 tokens, against 34.0-35.1
-                    # for ar's three later runs (Qwen2.5-Coder-0.5B, 48 requests at C = 16). ar
-                    # opens every round, so this fell on the baseline and flattered the others.
+                    # Every request's prefill and context lengths met once before the timing: the
+                    # opening ar run of a level, after warm-ups of the first C requests and 32
+                    # tokens, took 39.2 and 39.5 s against 34.0-35.1 for ar's later runs
+                    # (Qwen2.5-Coder-0.5B, 48 requests at C = 16); ar opens every round, so this
+                    # fell on the baseline. (It narrowed the gap in the one run measured since,
+                    # 86.0 against 88.1-88.6 tokens/s; it is not the only cause of slow opening
+                    # runs on this machine.)
                     self._call(self.methods[0], prompts, setting, concurrency, self.max_new_tokens)
                 for _ in range(self.warmup):
                     # A full wave per method, so that what a method learns once per process (its
