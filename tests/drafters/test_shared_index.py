@@ -228,6 +228,9 @@ def test_the_retrieval_methods_learn_into_an_index_of_their_own_by_default(model
     # The default is the call's: one generate call does not see another's answers.
     default = racer_rs.generate(model, REPEATING_PROMPT, method=method, max_new_tokens=8, **options)
     assert default.extras["index"] == "memory" and default.extras["index_learns"] is True
+    again = racer_rs.generate(model, REPEATING_PROMPT, method=method, max_new_tokens=8, **options)
+    assert again.accepted_lengths == default.accepted_lengths
+    assert again.extras["index_nodes"] == default.extras["index_nodes"] > 0  # its own response only
 
 
 def test_the_logits_method_has_no_index_by_default(model):
