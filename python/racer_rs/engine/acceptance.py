@@ -103,7 +103,10 @@ class SamplingWalk(Acceptor):
 
     Every node draws one candidate without sorting the vocabulary (:func:`sample_nodes`); a
     candidate that a top-k/top-p filter would remove is flagged and redrawn exactly
-    (:func:`sample_position`) only if the walk visits its node.
+    (:func:`sample_position`) only if the walk visits its node. On a CPU the engine draws only
+    the roots with the step (:meth:`racer_rs.engine.decode_engine.DecodeEngine.verify`) and the
+    walk draws each node it reaches: a draw costs passes over the vocabulary, and a walk reaches
+    about as many nodes as it accepts, not the whole tree.
     """
 
     def predict(self, step: StepInputs, transfer: HostTransfer) -> None:
@@ -116,24 +119,41 @@ class SamplingWalk(Acceptor):
             transfer.add("valid", valid.long())
 
     def accept(self, step: StepInputs, host: dict[str, np.ndarray]) -> Acceptance:
+        """The walk over the nodes' samples. A node whose sample ``predict`` did not draw (it
+        reads the vocabulary size, which no token equals) is drawn here when the walk reaches
+        it, from the same uniform: the path and bonus are the ones drawing every node gives."""
         tree: DraftTree = step.proposal.tree
+        uniforms = step.uniforms
+        assert uniforms is not None
         predicted = host["predicted"].copy()
-        path, bonus = tree.greedy_accept(predicted)
-        if "valid" not in host:
-            return Acceptance(path, bonus)
-        valid = host["valid"].astype(bool)
+        # Without a filter every candidate is valid.
+        valid = host["valid"].astype(bool) if "valid" in host else np.ones(len(predicted), dtype=bool)
+        not_drawn = step.logits.shape[-1]
         resampled = 0
         while True:
+            path, bonus = tree.greedy_accept(predicted)
+            if bonus == not_drawn:  # the walk's last node: drawn now
+                node = path[-1]
+                position = self._position(step, len(path) - 1)
+                token, ok = sample_nodes(step.logits[node : node + 1], self.sampling, uniforms[position, :1])
+                predicted[node] = int(token[0])
+                valid[node] = ok is None or bool(ok[0])
+                continue
             invalid = np.flatnonzero(~valid[path])
             if invalid.size == 0:
                 return Acceptance(path, bonus, resampled)
-            assert step.uniforms is not None
             node = path[int(invalid[0])]
-            position = step.generated + int(invalid[0]) + 1  # path index = depth
-            predicted[node] = sample_position(step.logits[node], self.sampling, step.uniforms[position], step.generator)
+            position = self._position(step, int(invalid[0]))  # path index = depth
+            predicted[node] = sample_position(step.logits[node], self.sampling, uniforms[position], step.generator)
             valid[node] = True
             resampled += 1
-            path, bonus = tree.greedy_accept(predicted)
+
+    @staticmethod
+    def _position(step: StepInputs, depth: int) -> int:
+        """The uniforms' row of a node at ``depth`` (past the budget's last row: the last one,
+        as ``predict`` reads it; such a node cannot be committed)."""
+        assert step.uniforms is not None
+        return min(step.generated + depth + 1, len(step.uniforms) - 1)
 
 
 class ChainSpeculativeSampling(Acceptor):

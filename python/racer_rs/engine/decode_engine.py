@@ -553,18 +553,32 @@ class DecodeEngine:
             transfer.add("predicted", greedy_ids(logits) if greedy is None else greedy)
             return
         device = logits.device
+        # On a CPU there is no device-to-host copy to save, and each node's draw is a few passes
+        # over the vocabulary: only the roots are drawn here, the deeper nodes by the walk, if
+        # it reaches them (SamplingWalk.accept; about the accepted tokens per row, not every node).
+        roots_only = device.type == "cpu"
         draws = []
         for state, tree in zip(live, trees, strict=True):
             assert state.uniforms is not None
-            positions = state.generated + 1 + tree.depths.astype(np.int64)
+            positions = state.generated + 1 + (tree.depths[:1] if roots_only else tree.depths).astype(np.int64)
             # A node past the budget's last uniform reads the last one (it cannot be committed).
             positions = np.minimum(positions, len(state.uniforms) - 1)
             draws.append(state.uniforms[torch.from_numpy(positions).to(state.uniforms.device), 0])
         uniforms = torch.cat(draws).to(device)
-        predicted, valid = sample_nodes(logits, self.sampling, uniforms)
-        transfer.add("predicted", predicted)
-        if valid is not None:
-            transfer.add("valid", valid.long())
+        if not roots_only:
+            predicted, valid = sample_nodes(logits, self.sampling, uniforms)
+            transfer.add("predicted", predicted)
+            if valid is not None:
+                transfer.add("valid", valid.long())
+            return
+        roots = torch.from_numpy(tree_offsets([len(tree) for tree in trees])).to(device)
+        drawn, drawn_valid = sample_nodes(logits[roots], self.sampling, uniforms)
+        # Nodes not drawn read NOT_DRAWN (the vocabulary size: no child's token matches it).
+        predicted = torch.full((logits.shape[0],), logits.shape[-1], dtype=torch.int64, device=device)
+        transfer.add("predicted", predicted.index_copy_(0, roots, drawn))
+        if drawn_valid is not None:
+            valid = torch.ones(logits.shape[0], dtype=torch.long, device=device)
+            transfer.add("valid", valid.index_copy_(0, roots, drawn_valid.long()))
 
     def accept(self, state: DecodeState, verified: Verified) -> Verification:
         """The row's accepted path and bonus token."""
