@@ -88,3 +88,19 @@ def test_the_walks_go_deep_and_redraw():
         walk = SamplingWalk(config).accept(step, root_drawn(step, config))
         deepest, redraws = max(deepest, len(walk.path)), redraws + walk.resampled
     assert deepest >= 4 and redraws >= 3
+
+
+def test_a_node_not_drawn_never_matches_a_token_beyond_the_vocabulary():
+    """A drafted id at or past the vocabulary size is never a sample, so it is never accepted,
+    also below a node the walk has not drawn yet."""
+    tree = DraftTree(np.array([5, 3, VOCAB, VOCAB + 1], dtype=np.int32), np.array([-1, 0, 1, 1], dtype=np.int32))
+    logits = torch.zeros(4, VOCAB)
+    logits[0, 3] = 50.0  # the root's sample is 3: the walk reaches node 1 (not drawn up front)
+    config = SamplingConfig(temperature=0.7)
+    walks = []
+    for drawn in (every_node_drawn, root_drawn):
+        uniforms = draw_uniforms(8, torch.Generator().manual_seed(0))
+        step = StepInputs(Proposal(tree), logits, 0, uniforms, torch.Generator().manual_seed(0))
+        walks.append(SamplingWalk(config).accept(step, drawn(step, config)))
+    assert walks[0] == walks[1]
+    assert walks[1].path == [0, 1]

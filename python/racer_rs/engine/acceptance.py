@@ -120,15 +120,17 @@ class SamplingWalk(Acceptor):
 
     def accept(self, step: StepInputs, host: dict[str, np.ndarray]) -> Acceptance:
         """The walk over the nodes' samples. A node whose sample ``predict`` did not draw (it
-        reads the vocabulary size, which no token equals) is drawn here when the walk reaches
-        it, from the same uniform: the path and bonus are the ones drawing every node gives."""
+        reads the vocabulary size or more) is drawn here when the walk reaches it, from the same
+        uniform: the path and bonus are the ones drawing every node gives."""
         tree: DraftTree = step.proposal.tree
         uniforms = step.uniforms
         assert uniforms is not None
         predicted = host["predicted"].copy()
         # Without a filter every candidate is valid.
         valid = host["valid"].astype(bool) if "valid" in host else np.ones(len(predicted), dtype=bool)
-        not_drawn = step.logits.shape[-1]
+        # A draw is below the vocabulary size; the nodes not drawn get an id no node carries.
+        not_drawn = max(step.logits.shape[-1], int(tree.tokens.max()) + 1)
+        predicted[predicted >= step.logits.shape[-1]] = not_drawn
         resampled = 0
         while True:
             path, bonus = tree.greedy_accept(predicted)

@@ -577,7 +577,7 @@ class DecodeEngine:
             return
         roots = torch.from_numpy(tree_offsets([len(tree) for tree in trees])).to(device)
         drawn, drawn_valid = sample_nodes(logits[roots], self.sampling, uniforms)
-        # Nodes not drawn read NOT_DRAWN (the vocabulary size: no child's token matches it).
+        # Nodes not drawn read the vocabulary size (above any draw; SamplingWalk.accept draws them).
         predicted = torch.full((logits.shape[0],), logits.shape[-1], dtype=torch.int64, device=device)
         transfer.add("predicted", predicted.index_copy_(0, roots, drawn))
         if drawn_valid is not None:
