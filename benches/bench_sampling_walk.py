@@ -14,12 +14,11 @@ node's draw reads the same uniform either way).
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 import time
-from typing import Any
 
-import numpy as np
 import torch
 
 import racer_rs
@@ -28,21 +27,8 @@ from racer_rs.bench.prompts import load_benchmark
 from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
 from racer_rs.engine import decode_engine
 from racer_rs.engine.generation import generate, generate_batch
-from racer_rs.target.sampling import sample_nodes
 
-REACHED_ONLY = decode_engine.DecodeEngine._predict
-
-
-def every_node(self: Any, live: Any, trees: Any, logits: torch.Tensor, transfer: Any, greedy: Any = None) -> None:
-    """``DecodeEngine._predict`` drawing every node of every tree with the step."""
-    draws = []
-    for state, tree in zip(live, trees, strict=True):
-        positions = np.minimum(state.generated + 1 + tree.depths.astype(np.int64), len(state.uniforms) - 1)
-        draws.append(state.uniforms[torch.from_numpy(positions).to(state.uniforms.device), 0])
-    predicted, valid = sample_nodes(logits, self.sampling, torch.cat(draws).to(logits.device))
-    transfer.add("predicted", predicted)
-    if valid is not None:
-        transfer.add("valid", valid.long())
+LAZY = decode_engine.LAZY_DRAW_NODES_PER_ROW
 
 
 def main() -> int:
@@ -61,19 +47,20 @@ def main() -> int:
     prompts = prompts[: args.prompts]
     options = {"max_new_tokens": args.max_new_tokens, "temperature": 0.8, "top_p": 0.95}
     methods = args.methods.split(",")
-    variants = {"reached only": REACHED_ONLY, "every node": every_node}
+    # Nodes per row above which only the reached nodes are drawn (infinite: every node, always).
+    variants = {"reached only": LAZY, "every node": math.inf}
     totals = {(m, v): [0.0, 0, 0] for m in methods for v in variants}
     same = dict.fromkeys(methods, 0)
     groups = [prompts[i : i + args.batch] for i in range(0, len(prompts), args.batch)]
     for method in methods:  # warm-up, untimed (a batch's first call measures its cost curves)
         for variant in variants.values():
-            decode_engine.DecodeEngine._predict = variant  # type: ignore[method-assign]
+            decode_engine.LAZY_DRAW_NODES_PER_ROW = variant  # type: ignore[assignment]
             generate_batch(model, groups[0], method=method, seed=0, max_batch_size=args.batch, **options)
     for index, group in enumerate(groups):
         for method in methods:
             outputs = {}
             for variant in list(variants)[:: 1 if index % 2 == 0 else -1]:
-                decode_engine.DecodeEngine._predict = variants[variant]  # type: ignore[method-assign]
+                decode_engine.LAZY_DRAW_NODES_PER_ROW = variants[variant]  # type: ignore[assignment]
                 started = time.perf_counter()
                 if args.batch == 1:
                     results = [generate(model, group[0], method=method, seed=index, **options)]
@@ -88,7 +75,7 @@ def main() -> int:
                 total[2] += sum(r.steps for r in results)
                 outputs[variant] = [list(r.tokens) for r in results]
             same[method] += sum(a == b for a, b in zip(*outputs.values(), strict=True))
-    decode_engine.DecodeEngine._predict = REACHED_ONLY  # type: ignore[method-assign]
+    decode_engine.LAZY_DRAW_NODES_PER_ROW = LAZY
     print("| method | variant | tokens/s | ms/step | identical outputs |")
     print("|---|---|---|---|---|")
     for method in methods:

@@ -62,6 +62,9 @@ from racer_rs.target.sampling import (
 )
 
 TIMING_KEYS = ("prefill", "draft", "verify", "forward", "accept", "bookkeeping", "total")
+#: On a CPU, sampled trees holding more than this many nodes per row have only their roots drawn
+#: with the step, the deeper nodes by the walk if it reaches them (see ``DecodeEngine._predict``).
+LAZY_DRAW_NODES_PER_ROW = 2
 #: The acceptors' host results, ``[K]`` each (the step's nodes, rows one after another): every row reads its own.
 WALK_RESULTS = ("predicted", "valid")
 
@@ -554,13 +557,13 @@ class DecodeEngine:
             return
         device = logits.device
         # On a CPU there is no device-to-host copy to save, and each node's draw is a few passes
-        # over the vocabulary: where the trees hold more than twice the rows' roots, only the
-        # roots are drawn here, the deeper nodes by the walk, if it reaches them
+        # over the vocabulary: where the trees hold more than LAZY_DRAW_NODES_PER_ROW nodes a row,
+        # only the roots are drawn here, the deeper nodes by the walk, if it reaches them
         # (SamplingWalk.accept; about the accepted tokens per row, not every node). Each such draw
         # is a call of its own, so small trees are drawn at once: at batch 1 on SmolLM2 (about 7
         # nodes at T=0.8) drawing the reached nodes only made 1.06x the tokens/s; at batch 4
         # (1.5 nodes a row) it measured 0.98x.
-        roots_only = device.type == "cpu" and logits.shape[0] > 2 * len(trees)
+        roots_only = device.type == "cpu" and logits.shape[0] > LAZY_DRAW_NODES_PER_ROW * len(trees)
         draws = []
         for state, tree in zip(live, trees, strict=True):
             assert state.uniforms is not None
