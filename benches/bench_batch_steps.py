@@ -69,11 +69,15 @@ def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens
         max_batch_size=batch,
     )
     wall = time.perf_counter() - started
+    slowest = max(len(r.accepted_lengths) for r in results)
     capacity.AutoCapacity.drafts = switch  # type: ignore[method-assign]
     generation.BatchVerifier = BatchVerifier  # type: ignore[misc]
     tokens = sum(len(r.tokens) for r in results)
     in_steps = sum(step[3] for step in STEPS)
-    print(f"{label}: {tokens / wall:.1f} tok/s, wall {wall:.1f} s, in steps {in_steps:.1f} s ({len(STEPS)} steps)")
+    print(
+        f"{label}: {tokens / wall:.1f} tok/s, wall {wall:.1f} s, in steps {in_steps:.1f} s "
+        f"({len(STEPS)} steps, the slowest request's {slowest})"
+    )
     by_size: dict[int, list[tuple[float, float, int]]] = collections.defaultdict(list)
     for rows, padded, verify, step, committed in STEPS:
         if rows == batch:
