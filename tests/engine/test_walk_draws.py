@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from racer_rs import DraftTree  # noqa: E402
 from racer_rs.drafters.base import Proposal  # noqa: E402
 from racer_rs.engine.acceptance import SamplingWalk, StepInputs  # noqa: E402
-from racer_rs.target.sampling import SamplingConfig, draw_uniforms, sample_nodes  # noqa: E402
+from racer_rs.target.sampling import SamplingConfig, draw_uniforms, sample_nodes, uniform_rows  # noqa: E402
 
 VOCAB = 10
 
@@ -104,3 +104,11 @@ def test_a_node_not_drawn_never_matches_a_token_beyond_the_vocabulary():
         walks.append(SamplingWalk(config).accept(step, drawn(step, config)))
     assert walks[0] == walks[1]
     assert walks[1].path == [0, 1]
+
+
+def test_a_node_samples_with_its_generation_position_s_row_clipped_at_the_last():
+    """The root after ``g`` tokens predicts position ``g + 1``; deeper nodes one row further per
+    depth; a node past the budget's last row reads the last (fails unclipped)."""
+    depths = np.asarray([0, 1, 1, 2, 3, 4])
+    assert uniform_rows(3, depths, positions=20).tolist() == [4, 5, 5, 6, 7, 8]
+    assert uniform_rows(3, depths, positions=7).tolist() == [4, 5, 5, 6, 6, 6]

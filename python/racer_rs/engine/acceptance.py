@@ -30,6 +30,7 @@ from racer_rs.target.sampling import (
     greedy_ids,
     sample_nodes,
     sample_position,
+    uniform_rows,
 )
 
 if TYPE_CHECKING:
@@ -111,9 +112,9 @@ class SamplingWalk(Acceptor):
 
     def predict(self, step: StepInputs, transfer: HostTransfer) -> None:
         assert step.uniforms is not None
-        depths = step.proposal.tree.depths
-        rows = torch.from_numpy(depths.astype(np.int64) + step.generated + 1).to(step.uniforms.device)
-        predicted, valid = sample_nodes(step.logits, self.sampling, step.uniforms[rows, 0])
+        rows = uniform_rows(step.generated, step.proposal.tree.depths, len(step.uniforms))
+        uniforms = step.uniforms[torch.from_numpy(rows).to(step.uniforms.device), 0]
+        predicted, valid = sample_nodes(step.logits, self.sampling, uniforms)
         transfer.add("predicted", predicted)
         if valid is not None:
             transfer.add("valid", valid.long())
@@ -152,10 +153,9 @@ class SamplingWalk(Acceptor):
 
     @staticmethod
     def _position(step: StepInputs, depth: int) -> int:
-        """The uniforms' row of a node at ``depth`` (past the budget's last row: the last one,
-        as ``predict`` reads it; such a node cannot be committed)."""
+        """The uniforms' row of a node at ``depth`` (:func:`uniform_rows`)."""
         assert step.uniforms is not None
-        return min(step.generated + depth + 1, len(step.uniforms) - 1)
+        return int(uniform_rows(step.generated, np.asarray([depth]), len(step.uniforms))[0])
 
 
 class ChainSpeculativeSampling(Acceptor):

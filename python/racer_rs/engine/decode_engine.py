@@ -59,6 +59,7 @@ from racer_rs.target.sampling import (
     process_logits,
     sample_nodes,
     sample_position,
+    uniform_rows,
 )
 
 TIMING_KEYS = ("prefill", "draft", "verify", "forward", "accept", "bookkeeping", "total")
@@ -567,9 +568,9 @@ class DecodeEngine:
         draws = []
         for state, tree in zip(live, trees, strict=True):
             assert state.uniforms is not None
-            positions = state.generated + 1 + (tree.depths[:1] if roots_only else tree.depths).astype(np.int64)
-            # A node past the budget's last uniform reads the last one (it cannot be committed).
-            positions = np.minimum(positions, len(state.uniforms) - 1)
+            positions = uniform_rows(
+                state.generated, tree.depths[:1] if roots_only else tree.depths, len(state.uniforms)
+            )
             draws.append(state.uniforms[torch.from_numpy(positions).to(state.uniforms.device), 0])
         uniforms = torch.cat(draws).to(device)
         if not roots_only:

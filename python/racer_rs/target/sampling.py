@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from racer_rs import _native
@@ -190,6 +191,14 @@ def draw_uniforms(
         ``float32[positions, CANDIDATES]`` in ``[0, 1)``.
     """
     return torch.rand((positions, CANDIDATES), generator=generator, device=device)
+
+
+def uniform_rows(generated: int, depths: np.ndarray, positions: int) -> np.ndarray:
+    """The rows of :func:`draw_uniforms`' ``[positions, CANDIDATES]`` that tree nodes at
+    ``depths`` sample with, after ``generated`` tokens: the root predicts position
+    ``generated + 1``; a node past the last row reads the last one (it cannot be committed)."""
+    rows: np.ndarray = np.minimum(generated + 1 + np.asarray(depths, dtype=np.int64), positions - 1)
+    return rows
 
 
 def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
