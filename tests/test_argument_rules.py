@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import racer_rs
@@ -185,10 +185,11 @@ FLAGS = ["--max-new-tokens", "--temperature", "--top-p", "--top-k", "--capacity"
 @given(
     flag=st.sampled_from(FLAGS), text=st.one_of(st.sampled_from([str(v) for v in BOUNDARY_INTS]), st.text(max_size=6))
 )
+@example(flag="--max-new-tokens", text="²")  # a digit to str.isdigit, not to int(): one clear error
 def test_cli_flags(cli_model_folder, capsys, flag, text):
     from racer_rs.cli import main
 
-    if text.startswith("-") or (flag == "--max-new-tokens" and text.isdigit() and int(text) > 50):
+    if text.startswith("-") or (flag == "--max-new-tokens" and text.isdecimal() and int(text) > 50):
         return  # an option-like value is argparse's own business; a long generation is valid
     argv = ["generate", "--model", str(cli_model_folder), "--prompt", "hi", "--max-new-tokens", "2",
             "--device", "cpu", "--dtype", "float32", flag, text]  # fmt: skip
