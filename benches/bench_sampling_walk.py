@@ -22,9 +22,7 @@ import time
 import torch
 
 import racer_rs
-from racer_rs.bench.prompting import encode_conversation
-from racer_rs.bench.prompts import load_benchmark
-from racer_rs.cli.resources import DEFAULT_BENCH_DATA, resolve_shipped
+from bench_engine_overhead import chat_prompts  # benches/ is the script's folder
 from racer_rs.engine import decode_engine
 from racer_rs.engine.generation import generate, generate_batch
 
@@ -42,9 +40,7 @@ def main() -> int:
     print("command:", shlex.join(["python", *sys.argv]), flush=True)
     torch.set_num_threads(args.threads)
     model, tokenizer = racer_rs.load_model("smollm2-135m-instruct", dtype=torch.bfloat16)
-    questions = load_benchmark([resolve_shipped(p, "data") for p in DEFAULT_BENCH_DATA], None)
-    prompts = [encode_conversation(tokenizer, q.turns[:1], []) for q in questions if q.mode != "completion"]
-    prompts = prompts[: args.prompts]
+    prompts = chat_prompts(tokenizer, args.prompts)
     options = {"max_new_tokens": args.max_new_tokens, "temperature": 0.8, "top_p": 0.95}
     methods = args.methods.split(",")
     # Nodes per row above which only the reached nodes are drawn (infinite: every node, always).
