@@ -583,6 +583,57 @@ impl DraftPool {
             .map(|(batch, _)| batch)
     }
 
+    /// Per request, its automaton's longest-match chain ([`Automaton::chain`]) rooted at
+    /// `last_tokens[i]`, at most `max_len` tokens after the root (a one-path tree; the root
+    /// alone where nothing matches). Refreshes the LRU recency of the automaton nodes used.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if the batch is empty, an id is unknown or repeated, `last_tokens`
+    /// does not hold one entry per id, a token is outside the vocabulary, or `max_len` is above
+    /// `MAX_TREE_NODES - 1`; no request changes then.
+    pub fn retrieval_chains(
+        &self,
+        ids: &[RequestId],
+        last_tokens: &[i32],
+        max_len: usize,
+    ) -> Result<BatchDraft> {
+        let requests = self.requests.read();
+        let entries = Self::resolve(&requests, ids)?;
+        if last_tokens.len() != ids.len() {
+            return Err(invalid(
+                "last_tokens",
+                format!(
+                    "expected one entry per id ({}), got {}",
+                    ids.len(),
+                    last_tokens.len()
+                ),
+            ));
+        }
+        for (i, id) in ids.iter().enumerate() {
+            self.check_tokens(|| format!("last_tokens[{i}] ({id})"), &last_tokens[i..=i])?;
+        }
+        crate::tree::check_budget("max_len + 1", max_len.saturating_add(1))?;
+        let jobs = alloc::collect(
+            entries.into_iter().zip(last_tokens.iter().copied()),
+            "the batch's jobs",
+        )?;
+        let work = ids
+            .len()
+            .saturating_mul(PROPOSE_REQUEST_UNITS.saturating_add(max_len));
+        let workers = self.workers(ids.len(), work, PARALLEL_UNITS_PER_THREAD);
+        let chains = map_batch(&jobs, workers, &|&(entry, next): &(&Entry, i32)| {
+            entry.state.lock().automaton.chain(next, max_len)
+        })?;
+        let built = alloc::try_collect(
+            chains
+                .into_iter()
+                .zip(ids)
+                .map(|(r, id)| r.map_err(|e| about(e, id))),
+            "the batch's chains",
+        )?;
+        BatchDraft::try_new(built)
+    }
+
     /// [`DraftPool::propose`] with a second retrieval source read by every request: `shared`,
     /// an automaton of other requests' responses (see [`build_draft_tree_shared`]). Returns the
     /// trees and, per request, the shared nodes its tree used, for `shared.touch` (the only

@@ -47,6 +47,44 @@ class ReferenceIndex:
                         found.add(tuple(seq[i + slen : i + slen + plen]))
         return found
 
+    def chain_after(self, context: Sequence[int], next_token: int, max_len: int) -> list[int]:
+        """The longest-match chain after ``context + [next_token]`` (``Automaton.chain``): from
+        the longest indexed string ``s + [next_token]`` (``s`` a suffix of ``context``, at
+        least ``min_depth`` tokens in all), each step the most frequent continuation of the
+        matched string (ties to the smaller id); a string without one (``ngram`` long, or never
+        continued) gives way to its longest suffix that has one, of ``min_depth`` tokens or
+        more."""
+        current = [int(t) for t in context]
+        matched: list[int] | None = None
+        for slen in range(min(len(current), self.ngram - 1), self.min_depth - 2, -1):
+            s = current[len(current) - slen :] if slen else []
+            if slen + 1 >= self.min_depth and self.count([*s, next_token]):
+                matched = [*s, next_token]
+                break
+        chain: list[int] = []
+        while matched is not None and len(chain) < max_len:
+            while matched and not self._continuations(matched):
+                matched = matched[1:]
+            if len(matched) < self.min_depth or not matched:
+                break
+            counts = self._continuations(matched)
+            token = min(counts, key=lambda t: (-counts[t], t))
+            chain.append(token)
+            matched = [*matched, token]
+        return chain
+
+    def _continuations(self, string: list[int]) -> dict[int, int]:
+        """Token -> count of ``string + [token]``, for the strings the index holds."""
+        if len(string) >= self.ngram:
+            return {}
+        n = len(string)
+        counts: dict[int, int] = {}
+        for seq in self.sequences:
+            for i in range(len(seq) - n):
+                if seq[i : i + n] == string:
+                    counts[seq[i + n]] = counts.get(seq[i + n], 0) + 1
+        return counts
+
 
 def tree_paths(tokens: Sequence[int], parents: Sequence[int]) -> list[tuple[int, ...]]:
     """Token path from the root to every node."""

@@ -185,6 +185,34 @@ class Automaton:
             TypeError: if ``context`` is not a sequence of ints or an integer array.
         """
 
+    def chain(self, next_token: int, max_len: int, context: _TokenArray | None = None) -> DraftTree:
+        """The longest-match chain rooted at ``next_token``: a one-path tree of at most
+        ``max_len`` tokens after the root, as SuffixDecoding's greedy path.
+
+        It starts from the longest border (the longest context suffix ``s`` with ``s +
+        [next_token]`` indexed, at least ``min_depth`` tokens) and takes, each step, the
+        continuation that most often followed the string matched so far (ties to the smaller
+        id). A string with no continuation indexed (``ngram`` long, or never continued) gives
+        way to its longest suffix that has one, while that suffix is at least ``min_depth``
+        tokens. :meth:`retrieve` ranks continuations by count after the shortest border
+        instead; a verifier of one chain wants the most specific context.
+
+        Args:
+            next_token: the root's token (the token the target produced last).
+            max_len: most tokens after the root (``0`` gives the root alone).
+            context: match this context instead of the automaton's own, read-only (as in
+                :meth:`retrieve`).
+
+        Returns:
+            The chain; every edge's cell holds the matched string's length and the
+            continuation's share of its occurrences (retrieval cells).
+
+        Raises:
+            ValueError: if a token is negative or ``max_len`` is negative or above
+                ``2**20 - 1``.
+            TypeError: if ``context`` is not a sequence of ints or an integer array.
+        """
+
     def memory_bytes(self) -> int:
         """Heap memory held, in bytes: the capacity of every container, which grows with the
         nodes held (nothing is reserved for ``max_nodes`` up front)."""
@@ -600,6 +628,18 @@ class DraftPool:
                 ``0..vocab_size`` or a probability outside ``[0, 1]``; the message names
                 the request and nothing is written.
             TypeError: (``InvalidTypeError``) if an array has the wrong dtype.
+        """
+
+    def retrieval_chains(self, ids: Sequence[_RequestId], last_tokens: _TokenArray, max_len: int) -> BatchDraft:
+        """Per request, its automaton's longest-match chain rooted at ``last_tokens[i]``
+        (:meth:`Automaton.chain`, at most ``max_len`` tokens after the root), as one-path
+        trees in one :class:`BatchDraft`, in one GIL release. Refreshes the LRU recency of the
+        automaton nodes used and nothing else.
+
+        Raises:
+            InvalidArgumentError: if the batch is empty, an id is unknown or repeated,
+                ``last_tokens`` does not hold one token per id, a token is outside the
+                vocabulary, or ``max_len`` is negative or above ``2**20 - 1``.
         """
 
     def propose(

@@ -149,6 +149,124 @@ impl Automaton {
         Ok((builder.finish(), self.recency(&used)))
     }
 
+    /// The longest-match chain rooted at `next_token`: at most `max_len` tokens after the root,
+    /// from the longest border (the longest suffix `s` of the context with `s + [next_token]`
+    /// indexed, at least `min_depth` tokens), each step the continuation that most often
+    /// followed the string matched so far (ties to the smaller id), as SuffixDecoding's greedy
+    /// path. Where the matched string has no continuation indexed (it reached `ngram` tokens,
+    /// or the end of the text), the chain goes on from its longest suffix that has one, while
+    /// that suffix is at least `min_depth` tokens. Each edge's cell holds the matched string's
+    /// length and the continuation's share of its occurrences, so calibration can tell long
+    /// matches from short ones. Unlike [`Automaton::retrieve`], which ranks continuations by
+    /// count after the shortest border (where every longer border's continuations are merged),
+    /// the chain follows the most specific context: what a verifier of one chain needs.
+    /// Refreshes LRU recency of the nodes it uses.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if `next_token` is negative or `max_len` is above `MAX_TREE_NODES - 1`.
+    pub fn chain(&mut self, next_token: i32, max_len: usize) -> Result<DraftTree> {
+        check_token("next_token", next_token)?;
+        check_budget("max_len + 1", max_len.saturating_add(1))?;
+        self.ensure_state();
+        let (tree, used) = self.chain_from(self.state, next_token as u32, max_len, Source::Local);
+        self.mark_used(&used);
+        Ok(tree)
+    }
+
+    /// [`Automaton::chain`] for an explicit `context` (as [`Automaton::retrieve_after`]):
+    /// read-only, the recency of the nodes used comes back as a [`Recency`].
+    ///
+    /// # Errors
+    /// `InvalidArgument` if a token is negative or `max_len` is above `MAX_TREE_NODES - 1`.
+    pub fn chain_after(
+        &self,
+        context: &[i32],
+        next_token: i32,
+        max_len: usize,
+    ) -> Result<(DraftTree, Recency)> {
+        check_token("next_token", next_token)?;
+        check_budget("max_len + 1", max_len.saturating_add(1))?;
+        check_tokens("context", context)?;
+        let tail = &context[context.len().saturating_sub(self.ngram - 1)..];
+        let tail: Vec<u32> = tail.iter().map(|&t| t as u32).collect();
+        let (tree, used) = self.chain_from(
+            self.deepest(&tail),
+            next_token as u32,
+            max_len,
+            Source::Local,
+        );
+        Ok((tree, self.recency(&used)))
+    }
+
+    /// The chain below the longest border of `deepest` (a match state) and `next`, with the
+    /// trie nodes it used (its border first).
+    pub(crate) fn chain_from(
+        &self,
+        deepest: u32,
+        next: u32,
+        max_len: usize,
+        source: Source,
+    ) -> (DraftTree, Vec<u32>) {
+        let mut builder = TreeBuilder::with_capacity(next as i32, max_len + 1);
+        let mut used = Vec::new();
+        let Some(&border) = self.borders_from(deepest, next).first() else {
+            return (builder.finish(), used);
+        };
+        used.push(border);
+        let (mut u, mut parent) = (border, 0u32);
+        while (builder.len() as u64) <= max_len as u64 {
+            // The longest suffix of the matched string with a continuation.
+            let mut v = u;
+            while self.nodes[v as usize].first_child == NIL && v != ROOT {
+                v = self.nodes[v as usize].fail;
+            }
+            let depth = self.nodes[v as usize].depth as usize;
+            if v == ROOT || depth < self.min_depth {
+                break;
+            }
+            let Some(c) = self.most_frequent_child(v) else {
+                break;
+            };
+            let (total, n) = (self.nodes[v as usize].count, &self.nodes[c as usize]);
+            #[allow(clippy::cast_precision_loss)]
+            let estimate = n.count as f32 / (total as f32 + 1.0);
+            let cell = edge_cells::by_estimate(source.cell(depth, share(n.count, total)), estimate);
+            let Some((placed, _)) =
+                builder.child_or_insert(parent, n.token as i32, max_len + 1, cell)
+            else {
+                break;
+            };
+            used.push(c);
+            (u, parent) = (c, placed);
+        }
+        (builder.finish(), used)
+    }
+
+    /// The child of `node` with the highest count (ties to the smaller token id).
+    fn most_frequent_child(&self, node: u32) -> Option<u32> {
+        let mut best: Option<u32> = None;
+        let mut c = self.nodes[node as usize].first_child;
+        while c != NIL {
+            let n = &self.nodes[c as usize];
+            let better = best.is_none_or(|b| {
+                let m = &self.nodes[b as usize];
+                (n.count, std::cmp::Reverse(n.token)) > (m.count, std::cmp::Reverse(m.token))
+            });
+            if better {
+                best = Some(c);
+            }
+            c = n.next_sibling;
+        }
+        best
+    }
+
+    /// The node of the longest suffix of `tail` that is indexed (the root if none).
+    fn deepest(&self, tail: &[u32]) -> u32 {
+        (0..tail.len())
+            .find_map(|start| self.find(&tail[start..]))
+            .unwrap_or(ROOT)
+    }
+
     /// The borders: nodes for `s + [next]` with `s` a context suffix (found on the failure chain
     /// of the state) and depth >= `min_depth`, longest first.
     pub(crate) fn borders(&mut self, next: u32) -> Vec<u32> {
@@ -163,10 +281,7 @@ impl Automaton {
     /// For the automaton's own recent tokens this is exactly [`Automaton::borders`].
     pub(crate) fn borders_for(&self, context: &[u32], next: u32) -> Vec<u32> {
         let tail = &context[context.len().saturating_sub(self.ngram - 1)..];
-        let deepest = (0..tail.len())
-            .find_map(|start| self.find(&tail[start..]))
-            .unwrap_or(ROOT);
-        self.borders_from(deepest, next)
+        self.borders_from(self.deepest(tail), next)
     }
 
     fn borders_from(&self, deepest: u32, next: u32) -> Vec<u32> {

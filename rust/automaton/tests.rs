@@ -618,3 +618,20 @@ fn extending_after_a_lead_under_eviction_keeps_every_invariant() {
     assert!(a.extend_after(&[1], &[-1]).is_err());
     a.check_integrity().unwrap();
 }
+
+#[test]
+fn chain_follows_the_longest_match_and_falls_back_to_suffixes() {
+    let mut a = Automaton::new(4, 1000, 2).unwrap();
+    // After "1 2" the most frequent continuation is 3; after "5 1 2" it was 9.
+    a.extend(&[1, 2, 3, 4, 1, 2, 3, 4, 5, 1, 2, 9, 8, 0, 5, 1])
+        .unwrap();
+    assert_eq!(a.chain(2, 2).unwrap().tokens(), &[2, 9, 8]);
+    // "5 1 2 9" is `ngram` long: the chain goes on from "1 2 9" (then "2 9 8", "9 8 0").
+    assert_eq!(a.chain(2, 5).unwrap().tokens(), &[2, 9, 8, 0, 5, 1]);
+    let (tree, recency) = a.chain_after(&[7, 1], 2, 3).unwrap();
+    assert_eq!(tree.tokens(), &[2, 3, 4, 1]);
+    assert!(!recency.is_empty());
+    assert_eq!(a.chain(2, 0).unwrap().tokens(), &[2]);
+    assert!(a.chain(-1, 3).is_err() && a.chain(2, crate::tree::MAX_TREE_NODES).is_err());
+    a.check_integrity().unwrap();
+}

@@ -229,6 +229,47 @@ impl PyAutomaton {
         Ok(self.inner.read().count(p.as_slice())?)
     }
 
+    /// The longest-match chain rooted at ``next_token``: at most ``max_len`` tokens, each the
+    /// continuation that most often followed the longest matched string, as a one-path
+    /// ``DraftTree`` (see the Rust ``Automaton::chain``). With ``context``, for that context
+    /// instead of the automaton's own (read-only, as ``retrieve``).
+    #[pyo3(signature = (next_token = Given::MISSING, max_len = Given::MISSING, context = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, next_token, max_len, context=None)")]
+    fn chain(
+        &self,
+        py: Python<'_>,
+        next_token: Given<'_>,
+        max_len: Given<'_>,
+        context: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyDraftTree> {
+        const SIGNATURE: Signature<2, 1> = Signature::new(
+            "Automaton.chain",
+            ["next_token", "max_len"],
+            ["context"],
+            &[],
+        );
+        let ([next_token, max_len], [context]) =
+            SIGNATURE.bind([next_token, max_len], [context], extra, kwargs)?;
+        let next_token = token_id(next_token.extract()?, "next_token")?;
+        let max_len = at_least(max_len.extract()?, 0, "max_len")?;
+        let Some(context) = unless_none(context) else {
+            let tree = py.detach(|| self.inner.write().chain(next_token, max_len))?;
+            return Ok(tree.into());
+        };
+        let c = token_arg(&context, "context")?;
+        let slice = c.as_slice();
+        let tree = py.detach(|| {
+            let (tree, recency) = self.inner.read().chain_after(slice, next_token, max_len)?;
+            if !recency.is_empty() {
+                self.inner.write().touch(&recency);
+            }
+            Ok::<_, crate::Error>(tree)
+        })?;
+        Ok(tree.into())
+    }
+
     #[pyo3(signature = (next_token = Given::MISSING, budget = Given::MISSING, context = Given::MISSING, /, *extra, **kwargs))]
     #[pyo3(text_signature = "($self, next_token, budget, context=None)")]
     fn retrieve(

@@ -528,6 +528,35 @@ impl PyDraftPool {
         Ok(py.detach(|| self.inner.update_topk(&id, tokens, &ids, k, probs))?)
     }
 
+    /// Per request, its automaton's longest-match chain rooted at ``last_tokens[i]``
+    /// (``Automaton.chain``), at most ``max_len`` tokens after the root, as one-path trees.
+    #[pyo3(signature = (ids = Given::MISSING, last_tokens = Given::MISSING, max_len = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, ids, last_tokens, max_len)")]
+    fn retrieval_chains(
+        &self,
+        py: Python<'_>,
+        ids: Given<'_>,
+        last_tokens: Given<'_>,
+        max_len: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyBatchDraft> {
+        const SIGNATURE: Signature<3, 0> = Signature::new(
+            "DraftPool.retrieval_chains",
+            ["ids", "last_tokens", "max_len"],
+            [],
+            &[],
+        );
+        let ([ids, last_tokens, max_len], []) =
+            SIGNATURE.bind([ids, last_tokens, max_len], [], extra, kwargs)?;
+        let ids = request_ids(&ids)?;
+        let last = int_arg(&last_tokens, "last_tokens")?;
+        let max_len = at_least(max_len.extract()?, 0, "max_len")?;
+        let last = last.as_slice();
+        let batch = py.detach(|| self.inner.retrieval_chains(&ids, last, max_len))?;
+        Ok(PyBatchDraft { inner: batch })
+    }
+
     /// One draft tree per request, rooted at ``last_tokens[i]``, in one GIL release; with
     /// ``shared``, every request also drafts from that automaton (read, its recency refreshed).
     #[pyo3(signature = (ids = Given::MISSING, last_tokens = Given::MISSING, capacity = Given::MISSING, /, *extra, calibration = None, shared = None, **kwargs))]

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from racer_rs import Automaton, DraftTree, LogitsTable, build_draft_tree
+from racer_rs._native import edge_cell_shared_counterparts
 from tests.reference import ReferenceIndex, ancestor_mask, greedy_walk, tree_paths
 
 settings.register_profile("fast", max_examples=25, deadline=None)
@@ -43,6 +44,39 @@ def test_count_equals_brute_force_without_eviction(workload, ngram, pattern):
     for k in range(1, min(ngram, len(last)) + 1):
         assert a.count(last[-k:]) == ref.count(last[-k:])
     a.check_integrity()
+
+
+@given(workloads, st.integers(2, 6), st.integers(1, 3), st.integers(0, 5), st.integers(0, 12), token_lists)
+def test_chain_follows_the_longest_match(workload, ngram, min_depth, next_token, max_len, context):
+    min_depth = min(min_depth, ngram)
+    a = Automaton(ngram=ngram, capacity=100_000, min_depth=min_depth)
+    ref = ReferenceIndex(ngram, min_depth)
+    for tokens, new_seq in workload:
+        a.extend(np.asarray(tokens, dtype=np.int32))
+        ref.extend(tokens)
+        if new_seq:
+            a.new_sequence()
+            ref.new_sequence()
+    own = a.chain(next_token, max_len)
+    assert own.tokens[0] == next_token and own.parents.tolist() == list(range(-1, len(own) - 1))
+    assert own.tokens[1:].tolist() == ref.chain_after(ref.sequences[-1], next_token, max_len)
+    given_context = a.chain(next_token, max_len, context)
+    assert given_context.tokens[1:].tolist() == ref.chain_after(context, next_token, max_len)
+    # Every edge is the own automaton's retrieval edge (a cell with a shared counterpart).
+    cells = own.cells[1:]
+    assert (edge_cell_shared_counterparts()[cells] != cells).all()
+    a.check_integrity()
+
+
+def test_chain_prefers_the_longest_match_to_the_most_frequent():
+    # After "1 2", 3 is the most frequent continuation; after "5 1 2" it was 9.
+    a, ref = Automaton(ngram=10, capacity=1000), ReferenceIndex(10)
+    text = [1, 2, 3, 4, 1, 2, 3, 4, 5, 1, 2, 9, 8, 0, 5, 1]
+    a.extend(text)
+    ref.extend(text)
+    assert a.chain(2, 2).tokens.tolist() == [2, 9, 8] == [2, *ref.chain_after(text, 2, 2)]
+    assert a.retrieve(2, 2).tokens.tolist() == [2, 3]  # the count-ranked tree after "1 2"
+    assert a.chain(2, 3, [7, 1]).tokens.tolist() == [2, 3, 4, 1]  # no "7 1 2": after "1 2"
 
 
 @given(workloads, st.integers(2, 6), st.integers(0, 5), st.integers(1, 80))

@@ -827,3 +827,42 @@ def test_large_propose_releases_the_gil():
     assert batch.counts.tolist() == [2**14] * len(ids)
     # With the GIL held the counter could not have advanced (the call takes tens of ms).
     assert during > 10, (during, elapsed)
+
+
+@given(st.lists(st.lists(st.integers(0, 6), min_size=0, max_size=40), min_size=1, max_size=5), st.integers(0, 10))
+def test_retrieval_chains_are_each_automatons_chain(prompts, max_len):
+    pool = DraftPool(16, ngram=6, use_logits=False)
+    automata = []
+    for i, prompt in enumerate(prompts):
+        pool.add(i, prompt)
+        automaton = Automaton(ngram=6, capacity=10_000)
+        automaton.extend(prompt)
+        automata.append(automaton)
+    roots = [(7 * i) % 7 for i in range(len(prompts))]
+    batch = pool.retrieval_chains(list(range(len(prompts))), roots, max_len)
+    for i, (automaton, root) in enumerate(zip(automata, roots, strict=True)):
+        tree = batch.tree(i)
+        expected = automaton.chain(root, max_len)
+        assert tree.tokens.tolist() == expected.tokens.tolist()
+        assert tree.cells.tolist() == expected.cells.tolist()
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "names"),
+    [
+        (lambda p: p.retrieval_chains([], [], 4), InvalidArgumentError, "empty"),
+        (lambda p: p.retrieval_chains(["missing"], [1], 4), InvalidArgumentError, "missing"),
+        (lambda p: p.retrieval_chains([0, 0], [1, 1], 4), InvalidArgumentError, "0"),
+        (lambda p: p.retrieval_chains([0], [1, 2], 4), InvalidArgumentError, "last_tokens"),
+        (lambda p: p.retrieval_chains([0], [99], 4), InvalidArgumentError, "last_tokens"),
+        (lambda p: p.retrieval_chains([0], [1], -1), InvalidArgumentError, "max_len"),
+        (lambda p: p.retrieval_chains([0], [1], 2**20), InvalidArgumentError, "max_len"),
+        (lambda p: p.retrieval_chains([0], [1.5], 4), InvalidTypeError, "last_tokens"),
+    ],
+)
+def test_retrieval_chains_bad_input(call, error, names):
+    pool = DraftPool(16, use_logits=False)
+    pool.add(0, [1, 2, 3, 1])
+    with pytest.raises(error, match=names):
+        call(pool)
+    assert pool.retrieval_chains([0], [2], 3).tree(0).tokens.tolist() == [2, 3, 1]  # nothing changed
