@@ -1,8 +1,8 @@
 """The vLLM proposer's automaton shared across requests: a finished request's output is drafted
 for a later request that starts repeating it (its own tree has nothing there), a running
 request's for another running one (not with ``shared_running`` off), each request counted as a
-sequence of its own, nothing is drafted from it when it is off (``shared_nodes = 0``), and
-:func:`deepest_path` is a tree's deepest root-to-leaf path."""
+sequence of its own, nothing is drafted from it when it is off (``shared_nodes = 0``); and a request's own
+longest-match chain is drafted where a shorter match is more frequent."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from racer_rs import optional_deps
 from racer_rs.integrations.options import ServingOptions
-from racer_rs.integrations.vllm import RacerProposer, deepest_path
+from racer_rs.integrations.vllm import RacerProposer
 
 VOCAB, K, MAX_LEN = 1000, 8, 512
 
@@ -23,16 +23,6 @@ def engine_free(monkeypatch):
     real = optional_deps.require
     monkeypatch.setattr(
         optional_deps, "require", lambda extra, purpose: None if extra == "vllm" else real(extra, purpose)
-    )
-
-
-def test_deepest_path():
-    assert deepest_path(np.array([-1])).tolist() == []
-    assert deepest_path(np.array([-1, 0, 0, 1, 2, 3])).tolist() == [1, 3, 5]
-    assert deepest_path(np.array([-1, 0, 0, 1, 2])).tolist() == [1, 3]  # first deepest in BFS order
-    parents = np.array([-1, 0, 0, 1, 2, 3, 0])
-    assert (
-        deepest_path(parents, np.array([0, 1, 1, 2, 2, 3, 1])).tolist() == deepest_path(parents).tolist() == [1, 3, 5]
     )
 
 
@@ -142,3 +132,42 @@ def test_running_outputs_are_not_shared_when_off(engine_free):
     proposer, drafts, _ = follow_a_running_request(FinishedOnly)
     assert proposer.stats["shared_chains"] == 0
     assert all(d == [] for d in drafts), drafts
+
+
+def draft_after_shared_bigrams(options: ServingOptions) -> tuple[RacerProposer, list[list[int]], list[list[int]]]:
+    """One request whose prompt holds a frequent ``B C X Y`` and eight segments ``Q B C D E F
+    G`` (their other tokens distinct), and whose output repeats the segments in order, one
+    token a step. Returns the proposer, the drafts made at each segment's ``C``, and the
+    segments' ``D E F G``."""
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=K),
+        model_config=SimpleNamespace(max_model_len=MAX_LEN, get_vocab_size=lambda: VOCAB),
+    )
+    proposer = RacerProposer(config, options=options)
+    batch = Batch(proposer)
+    b, c = 11, 12
+    segments = [[100 + 10 * i, b, c, 101 + 10 * i, 102 + 10 * i, 103 + 10 * i, 104 + 10 * i] for i in range(8)]
+    prompt = [b, c, 13, 14] * 6 + [t for s in segments for t in s]
+    output = [t for s in segments for t in s]
+    drafts, context = [], [*prompt, output[0]]
+    batch.step([context], [output[:1]])
+    for n, token in enumerate(output[1:], start=1):
+        context = [*context, token]
+        drafted = batch.step([context], [[token]])[0]
+        if token == c:
+            drafts.append(drafted)
+        assert n < len(output)
+    return proposer, drafts, [s[3:] for s in segments]
+
+
+def test_the_longest_match_chain_is_drafted_where_a_shorter_match_is_more_frequent(engine_free):
+    # Each segment's C follows "Q B C" once, and "B C" is followed by X most often: the
+    # longest-match chain has the segment's own continuation, the count-ranked tree X.
+    proposer, drafts, truths = draft_after_shared_bigrams(ServingOptions(use_logits=False))
+    for drafted, truth in list(zip(drafts, truths, strict=True))[2:]:
+        assert drafted[:4] == truth, (drafted, truth)
+    # Every candidate learns, the one not chosen too: the tree's "B C X" edges were tried.
+    assert proposer.calibration.tried.sum() > proposer.stats["accepted_tokens"]
+    # The tree alone (no choice among candidates) drafts the frequent continuation instead.
+    _, tree_drafts, _ = draft_after_shared_bigrams(ServingOptions(use_logits=False, adaptive=False))
+    assert all(d[:1] != t[:1] for d, t in zip(tree_drafts[2:], truths[2:], strict=True)), tree_drafts

@@ -8,10 +8,15 @@ asynchronous scheduling off) builds the proposer with ``RacerProposer(vllm_confi
     propose(sampled_token_ids, input_batch.num_tokens_no_spec, input_batch.token_ids_cpu,
             slot_mappings=slot_mappings) -> list[list[int]]
 
-vLLM verifies chains only (one draft token per position), so each request drafts the best
-chain of its RACER tree (:meth:`racer_rs.BatchDraft.chains`): the tree's deepest root-to-leaf
-path, at most ``num_speculative_tokens`` tokens. What is lost against a tree verifier: the
-tree's other branches.
+vLLM verifies chains only (one draft token per position), so each request drafts one chain of
+at most ``num_speculative_tokens`` tokens, chosen among three: its RACER tree's deepest
+root-to-leaf path (retrieval and copy-logit nodes), and the longest-match chains of its own
+automaton and of the automaton shared across requests (:meth:`racer_rs.Automaton.chain`: the
+continuation of the longest matched context, as SuffixDecoding's greedy path, where the tree's
+retrieval ranks continuations of its shortest match by count). The chain the calibrated edges
+expect the most accepted tokens from is drafted, cut to the tokens that pay; every candidate's
+edges learn from what the target then sampled. What is lost against a tree verifier: the
+other branches.
 
 vLLM passes no request ids, and its rows are batch slots that get reordered and reused, so
 requests are recognised by content: a row continues a request of the previous call when its
@@ -73,6 +78,10 @@ _MAX_RECORDS = 4
 _AS_SHARED = edge_cell_shared_counterparts()
 
 
+#: Chains of a batch's rows: tokens, edge cells and validity, each ``[rows, k]``.
+_Chains = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
 @dataclass
 class _Request:
     """One request as the proposer knows it."""
@@ -88,6 +97,9 @@ class _Request:
     # The best chain's tokens and edge cells at the last call (chain is a prefix of it).
     full: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
     cells: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
+    # Every candidate chain of the last call, (tokens, cells): what each would have committed
+    # is known after the step, so every source's cells learn, not only the chosen one's.
+    candidates: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
     def context(self) -> np.ndarray:
         return self.tokens[: self.length]
@@ -321,23 +333,26 @@ class RacerProposer:
         self.seconds["timed_steps"] += 1
 
     def _learn(self, continued: list[tuple[_Request, list[int], int, int, list[int]]]) -> None:
-        """Acceptance outcomes of the last call's best chains. The tokens vLLM sampled are the
-        target's own after the root, so every chain token up to the first mismatch is evidence,
-        verified or cut (a cut never starves a cell of evidence)."""
+        """Acceptance outcomes of the last call's candidate chains. The tokens vLLM sampled
+        are the target's own after the root, so every chain token up to the first mismatch is
+        evidence, verified, cut or not chosen (no cell is starved of evidence)."""
         cells: list[np.ndarray] = []
         hits: list[np.ndarray] = []
         expected = committed = 0.0
         probs = self.calibration.probabilities()
         for request, sampled, _, _, chain in continued:
-            full = request.full
-            if len(full) == 0:
+            target = np.asarray(sampled)
+            for tokens, chain_cells in request.candidates:
+                matched = _matched(tokens, target)
+                # The tokens vLLM sampled are known; a chain token past them is not (a match
+                # up to their end is no failure of the next one).
+                observed = min(matched + 1, len(tokens), len(target))
+                cells.append(chain_cells[:observed])
+                hits.append(np.arange(observed) < matched)
+            request.candidates = []
+            if len(request.full) == 0:
                 continue
-            seen = min(len(full), len(sampled))
-            same = full[:seen] == np.asarray(sampled[:seen])
-            matched = int(np.argmin(same)) if not same.all() else seen
-            observed = min(matched + 1, len(full))
-            cells.append(request.cells[:observed])
-            hits.append(np.arange(observed) < matched)
+            matched = _matched(request.full, target)
             self.stats["accepted_tokens"] += min(matched, len(chain))
             expected += float(np.cumprod(probs[request.cells[: len(chain)]]).sum())
             committed += min(matched, len(chain))
@@ -355,16 +370,25 @@ class RacerProposer:
         requests: int,
         out: list[list[int]],
     ) -> None:
-        """Every drafting row's best chain, cut to the tokens that pay (``adaptive``)."""
+        """Every drafting row's best chain, cut to the tokens that pay (``adaptive``).
+
+        A row's candidates: its tree's deepest path (retrieval and copy-logit nodes), its own
+        automaton's longest-match chain and the shared automaton's; with ``adaptive`` the one
+        the calibrated edges expect the most accepted tokens from, else the tree's."""
         keys = [rows[i].key for i in draft_rows]
         roots = np.array([rows[i].root for i in draft_rows], dtype=np.int64)
         draft = pool.propose(keys, roots, self.capacity)
-        nodes = best_chains(draft, self.k)
-        valid = nodes >= 0
-        tokens = np.where(valid, draft.tokens[nodes], -1)
-        cells = np.where(valid, draft.cells[nodes], 0)
-        if self.options.adaptive and self.shared is not None and len(self.shared):
-            self._shared_chains([rows[i] for i in draft_rows], tokens, cells, valid)
+        candidates = [_chain_arrays(draft, best_chains(draft, self.k))]
+        shared = -1  # the shared automaton's candidate, if any
+        if self.options.adaptive:
+            if self.options.use_retrieval:
+                chains = pool.retrieval_chains(keys, roots, self.k)
+                candidates.append(_chain_arrays(chains, _path_nodes(chains, self.k)))
+            if self.shared is not None and len(self.shared):
+                shared = len(candidates)
+                candidates.append(self._shared_chains([rows[i] for i in draft_rows], roots))
+        tokens, cells, valid, best = self._likeliest(candidates, [rows[i] for i in draft_rows])
+        self.stats["shared_chains"] += int((best == shared).sum())
         budgets = np.array([self._budget(int(num_tokens_no_spec[i])) for i in draft_rows], dtype=np.int64)
         allowed = valid & (np.arange(self.k) < budgets[:, None])
         if self.options.adaptive:
@@ -383,29 +407,42 @@ class RacerProposer:
             self.stats["drafted"] += 1
             self.stats["drafted_tokens"] += len(drafted)
 
-    def _shared_chains(
-        self, requests: list[_Request], tokens: np.ndarray, cells: np.ndarray, valid: np.ndarray
-    ) -> None:
-        """Replace, in place, a row's chain by the shared automaton's deepest retrieved chain
-        where the calibrated edges expect more accepted tokens from it."""
+    def _shared_chains(self, requests: list[_Request], roots: np.ndarray) -> _Chains:
+        """Every row's longest-match chain in the shared automaton, its edges in the shared
+        cells (calibration learns how reliable cross-request continuations are)."""
         assert self.shared is not None
-        edges = self.calibration.probabilities()
         context_tokens = self.options.racer.ngram - 1
+        tokens = np.full((len(requests), self.k), -1, dtype=np.int64)
+        cells = np.zeros((len(requests), self.k), dtype=np.int64)
         for j, request in enumerate(requests):
-            context = request.context()
-            tree = self.shared.retrieve(request.root, self.capacity, context[-1 - context_tokens : -1])
-            chain = deepest_path(tree.parents, tree.depths)[: self.k]
-            if len(chain) == 0:
-                continue
-            cells_own = tree.cells[chain]
-            chain_cells = np.where(cells_own >= 0, _AS_SHARED[np.maximum(cells_own, 0)], cells_own)
-            ours = float(np.cumprod(edges[cells[j][valid[j]]]).sum())
-            if float(np.cumprod(edges[chain_cells]).sum()) <= ours:
-                continue
-            n = len(chain)
-            tokens[j], cells[j], valid[j] = -1, 0, False
-            tokens[j, :n], cells[j, :n], valid[j, :n] = tree.tokens[chain], chain_cells, True
-            self.stats["shared_chains"] += 1
+            context = request.context()[-1 - context_tokens : -1]
+            tree = self.shared.chain(int(roots[j]), self.k, context)
+            n = len(tree.tokens) - 1
+            own = tree.cells[1:]
+            tokens[j, :n] = tree.tokens[1:]
+            cells[j, :n] = np.where(own >= 0, _AS_SHARED[np.maximum(own, 0)], own)
+        return tokens, cells, tokens >= 0
+
+    def _likeliest(
+        self, candidates: list[_Chains], requests: list[_Request]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per row, the candidate chain with the most expected accepted tokens under the
+        calibrated edges (the first on ties), and which candidate it is; every candidate is
+        kept for learning."""
+        tokens = np.stack([c[0] for c in candidates])
+        cells = np.stack([c[1] for c in candidates])
+        valid = np.stack([c[2] for c in candidates])
+        edges = self.calibration.probabilities()
+        expected = np.cumprod(np.where(valid, edges[cells], 0.0), axis=2).sum(axis=2)
+        best = np.argmax(expected, axis=0)
+        rows = np.arange(tokens.shape[1])
+        for j, request in enumerate(requests):
+            request.candidates = [
+                (tokens[m, j, : int(valid[m, j].sum())].astype(np.int32), cells[m, j, : int(valid[m, j].sum())])
+                for m in range(len(candidates))
+                if valid[m, j, 0]
+            ]
+        return tokens[best, rows], cells[best, rows], valid[best, rows], best
 
     def _finish(self, pool: DraftPool, request: _Request) -> None:
         """Free a request no row continued; what the shared automaton lacks of its output
@@ -532,23 +569,27 @@ class RacerProposer:
         self.stats["logit_steps"] += 1
 
 
-def deepest_path(parents: np.ndarray, depths: np.ndarray | None = None) -> np.ndarray:
-    """A tree's deepest root-to-leaf path (its first deepest node in BFS order), as node
-    indices after the root (empty for a lone root). ``parents``: BFS order, ``-1`` at the root;
-    ``depths``: the nodes' depths when known (a :class:`racer_rs.DraftTree`'s)."""
-    parents = np.asarray(parents, dtype=np.int64)
-    if depths is None:
-        depth = np.zeros(len(parents), dtype=np.int64)
-        for node in range(1, len(parents)):
-            depth[node] = depth[parents[node]] + 1
-    else:
-        depth = np.asarray(depths)
-    node = int(np.argmax(depth)) if len(parents) else 0
-    path = []
-    while node > 0:
-        path.append(node)
-        node = int(parents[node])
-    return np.array(path[::-1], dtype=np.int64)
+def _matched(tokens: np.ndarray, sampled: np.ndarray) -> int:
+    """How many of ``tokens`` equal the first of ``sampled`` (the tokens after the root)."""
+    seen = min(len(tokens), len(sampled))
+    same = tokens[:seen] == sampled[:seen]
+    return seen if same.all() else int(np.argmin(same))
+
+
+def _chain_arrays(draft: Any, nodes: np.ndarray) -> _Chains:
+    """Tokens, cells and validity ``[rows, k]`` of chains given as flat node indices of
+    ``draft`` (``-1`` past a chain's end)."""
+    valid = nodes >= 0
+    return np.where(valid, draft.tokens[nodes], -1), np.where(valid, draft.cells[nodes], 0), valid
+
+
+def _path_nodes(draft: Any, k: int) -> np.ndarray:
+    """Flat node indices ``[rows, k]`` of the chains of ``draft`` (one-path trees, as
+    ``DraftPool.retrieval_chains`` gives), ``-1`` past a chain's end."""
+    offsets, counts = draft.offsets, draft.counts
+    depth = np.arange(1, k + 1)
+    nodes = offsets[:-1, None] + depth[None, :]
+    return np.where(depth[None, :] < counts[:, None], nodes, -1)
 
 
 def _config_vocab(config: Any) -> int | None:
