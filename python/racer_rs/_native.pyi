@@ -205,7 +205,8 @@ class Automaton:
 
         Returns:
             The chain; every edge's cell holds the matched string's length and the
-            continuation's share of its occurrences (retrieval cells).
+            continuation's count estimate ``count / (string count + 1)`` (the scored tree's
+            retrieval cells).
 
         Raises:
             ValueError: if a token is negative or ``max_len`` is negative or above

@@ -156,8 +156,9 @@ impl Automaton {
     /// path. Where the matched string has no continuation indexed (it reached `ngram` tokens,
     /// or the end of the text), the chain goes on from its longest suffix that has one, while
     /// that suffix is at least `min_depth` tokens. Each edge's cell holds the matched string's
-    /// length and the continuation's share of its occurrences, so calibration can tell long
-    /// matches from short ones. Unlike [`Automaton::retrieve`], which ranks continuations by
+    /// length and the continuation's count estimate `count / (string count + 1)` (the scored
+    /// tree's retrieval cells), so calibration can tell long matches from short ones and much
+    /// evidence from little. Unlike [`Automaton::retrieve`], which ranks continuations by
     /// count after the shortest border (where every longer border's continuations are merged),
     /// the chain follows the most specific context: what a verifier of one chain needs.
     /// Refreshes LRU recency of the nodes it uses.
