@@ -599,16 +599,7 @@ impl DraftPool {
     ) -> Result<BatchDraft> {
         let requests = self.requests.read();
         let entries = Self::resolve(&requests, ids)?;
-        if last_tokens.len() != ids.len() {
-            return Err(invalid(
-                "last_tokens",
-                format!(
-                    "expected one entry per id ({}), got {}",
-                    ids.len(),
-                    last_tokens.len()
-                ),
-            ));
-        }
+        one_entry_per_id(ids, "last_tokens", last_tokens.len())?;
         for (i, id) in ids.iter().enumerate() {
             self.check_tokens(|| format!("last_tokens[{i}] ({id})"), &last_tokens[i..=i])?;
         }
@@ -651,17 +642,8 @@ impl DraftPool {
     ) -> Result<(BatchDraft, Vec<Recency>)> {
         let requests = self.requests.read();
         let entries = Self::resolve(&requests, ids)?;
-        for (arg, len) in [
-            ("last_tokens", last_tokens.len()),
-            ("capacity", capacities.len()),
-        ] {
-            if len != ids.len() {
-                return Err(invalid(
-                    arg,
-                    format!("expected one entry per id ({}), got {len}", ids.len()),
-                ));
-            }
-        }
+        one_entry_per_id(ids, "last_tokens", last_tokens.len())?;
+        one_entry_per_id(ids, "capacity", capacities.len())?;
         for (i, id) in ids.iter().enumerate() {
             self.check_tokens(|| format!("last_tokens[{i}] ({id})"), &last_tokens[i..=i])?;
             if !(1..=MAX_TREE_NODES).contains(&capacities[i]) {
@@ -712,6 +694,17 @@ impl DraftPool {
         let (trees, recency): (Vec<_>, Vec<_>) = built.into_iter().unzip();
         Ok((BatchDraft::try_new(trees)?, recency))
     }
+}
+
+/// `InvalidArgument` naming `arg` unless it holds `len == ids.len()` entries, one per id.
+fn one_entry_per_id(ids: &[RequestId], arg: &'static str, len: usize) -> Result<()> {
+    if len == ids.len() {
+        return Ok(());
+    }
+    Err(invalid(
+        arg,
+        format!("expected one entry per id ({}), got {len}", ids.len()),
+    ))
 }
 
 /// Split a flat token array into one slice per request (`lengths[i]` tokens each, in order).
