@@ -22,9 +22,9 @@ token_lists = st.lists(st.integers(0, 5), min_size=0, max_size=60)
 workloads = st.lists(st.tuples(token_lists, st.booleans()), min_size=1, max_size=4)
 
 
-def feed(workload: list[tuple[list[int], bool]], ngram: int, capacity: int = 100_000):
-    a = Automaton(ngram=ngram, capacity=capacity)
-    ref = ReferenceIndex(ngram)
+def feed(workload: list[tuple[list[int], bool]], ngram: int, capacity: int = 100_000, min_depth: int = 2):
+    a = Automaton(ngram=ngram, capacity=capacity, min_depth=min_depth)
+    ref = ReferenceIndex(ngram, min_depth)
     for tokens, new_seq in workload:
         a.extend(np.asarray(tokens, dtype=np.int32))
         ref.extend(tokens)
@@ -48,15 +48,7 @@ def test_count_equals_brute_force_without_eviction(workload, ngram, pattern):
 
 @given(workloads, st.integers(2, 6), st.integers(1, 3), st.integers(0, 5), st.integers(0, 12), token_lists)
 def test_chain_follows_the_longest_match(workload, ngram, min_depth, next_token, max_len, context):
-    min_depth = min(min_depth, ngram)
-    a = Automaton(ngram=ngram, capacity=100_000, min_depth=min_depth)
-    ref = ReferenceIndex(ngram, min_depth)
-    for tokens, new_seq in workload:
-        a.extend(np.asarray(tokens, dtype=np.int32))
-        ref.extend(tokens)
-        if new_seq:
-            a.new_sequence()
-            ref.new_sequence()
+    a, ref = feed(workload, ngram, min_depth=min(min_depth, ngram))
     own = a.chain(next_token, max_len)
     assert own.tokens[0] == next_token and own.parents.tolist() == list(range(-1, len(own) - 1))
     assert own.tokens[1:].tolist() == ref.chain_after(ref.sequences[-1], next_token, max_len)
