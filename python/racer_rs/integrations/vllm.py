@@ -436,11 +436,12 @@ class RacerProposer:
         expected = np.cumprod(np.where(valid, edges[cells], 0.0), axis=2).sum(axis=2)
         best = np.argmax(expected, axis=0)
         rows = np.arange(tokens.shape[1])
+        lengths = valid.sum(axis=2)
         for j, request in enumerate(requests):
             request.candidates = [
-                (tokens[m, j, : int(valid[m, j].sum())].astype(np.int32), cells[m, j, : int(valid[m, j].sum())])
+                (tokens[m, j, : lengths[m, j]].astype(np.int32), cells[m, j, : lengths[m, j]])
                 for m in range(len(candidates))
-                if valid[m, j, 0]
+                if lengths[m, j]
             ]
         return tokens[best, rows], cells[best, rows], valid[best, rows], best
 
