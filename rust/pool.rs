@@ -597,6 +597,44 @@ impl DraftPool {
         last_tokens: &[i32],
         max_len: usize,
     ) -> Result<BatchDraft> {
+        let chain = |entry: &Entry, next: i32| {
+            let tree = entry.state.lock().automaton.chain(next, max_len)?;
+            Ok((tree, Recency::default()))
+        };
+        Ok(self.chains_by(ids, last_tokens, max_len, &chain)?.0)
+    }
+
+    /// Per request, the longest-match chain of `shared` (an automaton of other requests'
+    /// responses) after the request's latest tokens, rooted at `last_tokens[i]`: what
+    /// [`Automaton::chain_after`] gives for that context, its edges in the shared-retrieval
+    /// cells. `shared` is only read; per request, the nodes used come back for `shared.touch`.
+    ///
+    /// # Errors
+    /// As [`DraftPool::retrieval_chains`].
+    pub fn shared_chains(
+        &self,
+        ids: &[RequestId],
+        last_tokens: &[i32],
+        max_len: usize,
+        shared: &Automaton,
+    ) -> Result<(BatchDraft, Vec<Recency>)> {
+        let chain = |entry: &Entry, next: i32| {
+            let recent = entry.state.lock().automaton.recent_tokens();
+            #[allow(clippy::cast_sign_loss)] // chains_by checked it is a token id
+            Ok(shared.shared_chain(&recent, next as u32, max_len))
+        };
+        self.chains_by(ids, last_tokens, max_len, &chain)
+    }
+
+    /// One chain per request, `chain(entry, last_tokens[i])`, over the pool's workers, with
+    /// the recency each one used.
+    fn chains_by(
+        &self,
+        ids: &[RequestId],
+        last_tokens: &[i32],
+        max_len: usize,
+        chain: &ChainOf<'_>,
+    ) -> Result<(BatchDraft, Vec<Recency>)> {
         let requests = self.requests.read();
         let entries = Self::resolve(&requests, ids)?;
         one_entry_per_id(ids, "last_tokens", last_tokens.len())?;
@@ -613,7 +651,7 @@ impl DraftPool {
             .saturating_mul(PROPOSE_REQUEST_UNITS.saturating_add(max_len));
         let workers = self.workers(ids.len(), work, PARALLEL_UNITS_PER_THREAD);
         let chains = map_batch(&jobs, workers, &|&(entry, next): &(&Entry, i32)| {
-            entry.state.lock().automaton.chain(next, max_len)
+            chain(entry, next)
         })?;
         let built = alloc::try_collect(
             chains
@@ -622,7 +660,8 @@ impl DraftPool {
                 .map(|(r, id)| r.map_err(|e| about(e, id))),
             "the batch's chains",
         )?;
-        BatchDraft::try_new(built)
+        let (trees, recency): (Vec<_>, Vec<_>) = built.into_iter().unzip();
+        Ok((BatchDraft::try_new(trees)?, recency))
     }
 
     /// [`DraftPool::propose`] with a second retrieval source read by every request: `shared`,
@@ -695,6 +734,10 @@ impl DraftPool {
         Ok((BatchDraft::try_new(trees)?, recency))
     }
 }
+
+/// How [`DraftPool::chains_by`] drafts one request's chain from its entry and root, with the
+/// recency of the nodes it used.
+type ChainOf<'a> = dyn Fn(&Entry, i32) -> Result<(DraftTree, Recency)> + Sync + 'a;
 
 /// `InvalidArgument` naming `arg` unless it holds `len == ids.len()` entries, one per id.
 fn one_entry_per_id(ids: &[RequestId], arg: &'static str, len: usize) -> Result<()> {
@@ -958,23 +1001,60 @@ impl BatchDraft {
     pub fn chains(&self, k: usize) -> Result<Vec<Vec<i32>>> {
         alloc::try_collect(
             self.trees.iter().map(|tree| {
-                let depths = tree.depths();
-                let deepest = depths.last().copied().unwrap_or(0);
-                let leaf = depths.partition_point(|&d| d < deepest);
-                // At most a tree's depth (below `MAX_TREE_NODES`): not sized by the batch.
-                let mut path = Vec::with_capacity(deepest as usize);
-                let mut u = leaf as i32;
-                while u > 0 {
-                    path.push(tree.tokens()[u as usize]);
-                    u = tree.parents()[u as usize];
-                }
-                path.reverse();
+                let mut path = best_path(tree);
                 path.truncate(k);
-                Ok(path)
+                Ok(path.into_iter().map(|u| tree.tokens()[u]).collect())
             }),
             "the batch's chains",
         )
     }
+
+    /// [`BatchDraft::chains`] as a table: `(tokens, cells)`, each `bs * k` row-major, request
+    /// `b`'s chain at `b * k..`, the token and the edge cell of each node, `-1` past its end.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if `bs * k` exceeds `MAX_LAYOUT_CELLS`; `OutOfMemory` if the system
+    /// cannot provide the arrays.
+    pub fn chain_table(&self, k: usize) -> Result<(Vec<i32>, Vec<i32>)> {
+        let bs = self.trees.len();
+        let size = bs
+            .checked_mul(k)
+            .filter(|&c| c <= MAX_LAYOUT_CELLS)
+            .ok_or_else(|| {
+                invalid(
+                    "k",
+                    format!(
+                        "a batch of {bs} with k = {k} is over the limit of {MAX_LAYOUT_CELLS} cells"
+                    ),
+                )
+            })?;
+        let mut tokens = alloc::filled("k", "the chains' tokens", size, -1i32)?;
+        let mut cells = alloc::filled("k", "the chains' cells", size, -1i32)?;
+        for (b, tree) in self.trees.iter().enumerate() {
+            for (j, u) in best_path(tree).into_iter().take(k).enumerate() {
+                tokens[b * k + j] = tree.tokens()[u];
+                cells[b * k + j] = tree.cells()[u];
+            }
+        }
+        Ok((tokens, cells))
+    }
+}
+
+/// The nodes after the root along `tree`'s deepest root-to-leaf path, root side first: the
+/// first node of the greatest depth in BFS order is its leaf.
+fn best_path(tree: &DraftTree) -> Vec<usize> {
+    let depths = tree.depths();
+    let deepest = depths.last().copied().unwrap_or(0);
+    let leaf = depths.partition_point(|&d| d < deepest);
+    // At most a tree's depth (below `MAX_TREE_NODES`): not sized by the batch.
+    let mut path = Vec::with_capacity(deepest as usize);
+    let mut u = leaf;
+    while u > 0 {
+        path.push(u);
+        u = tree.parents()[u] as usize;
+    }
+    path.reverse();
+    path
 }
 
 #[cfg(test)]

@@ -631,11 +631,20 @@ class DraftPool:
             TypeError: (``InvalidTypeError``) if an array has the wrong dtype.
         """
 
-    def retrieval_chains(self, ids: Sequence[_RequestId], last_tokens: _TokenArray, max_len: int) -> BatchDraft:
+    def retrieval_chains(
+        self, ids: Sequence[_RequestId], last_tokens: _TokenArray, max_len: int, *, shared: Automaton | None = None
+    ) -> BatchDraft:
         """Per request, its automaton's longest-match chain rooted at ``last_tokens[i]``
         (:meth:`Automaton.chain`, at most ``max_len`` tokens after the root), as one-path
         trees in one :class:`BatchDraft`, in one GIL release. Refreshes the LRU recency of the
         automaton nodes used and nothing else.
+
+        With ``shared`` (an automaton of other requests' responses), each chain is that
+        automaton's instead, after the request's latest tokens: what
+        ``shared.chain(last_tokens[i], max_len, context)`` gives for the request's context,
+        its edges in the shared-retrieval cells (``edge_cell_shared_counterparts``). ``shared``
+        is only read, the LRU recency of its nodes used refreshed; the requests' automata are
+        not changed.
 
         Raises:
             InvalidArgumentError: if the batch is empty, an id is unknown or repeated,
@@ -748,6 +757,21 @@ class BatchDraft:
         Raises:
             ValueError: (``InvalidArgumentError``) if ``n < 1`` or the mask would exceed
                 ``2**28`` elements.
+        """
+
+    def chain_table(self, k: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """:meth:`chains` as a table, with each node's edge cell.
+
+        Args:
+            k: most tokens per chain, ``>= 0``.
+
+        Returns:
+            ``(tokens, cells)``, each ``int32[bs, k]``: row ``i`` holds request ``i``'s chain
+            tokens and their edge cells (see ``EDGE_CELLS``), ``-1`` past its end.
+
+        Raises:
+            ValueError: (``InvalidArgumentError``) if ``k < 0`` or ``bs * k`` is over the
+                layout limit (``2**28`` elements).
         """
 
     def chains(self, k: int) -> list[npt.NDArray[np.int32]]:

@@ -199,6 +199,21 @@ impl Automaton {
         Ok((tree, self.recency(&used)))
     }
 
+    /// The longest-match chain of this automaton, shared across requests, for a request whose
+    /// latest tokens are `recent` (oldest first; its last `ngram - 1` count): as
+    /// [`Automaton::chain_after`], its edges in the shared-retrieval cells. Read-only: the
+    /// recency of the nodes used comes back as a [`Recency`].
+    pub(crate) fn shared_chain(
+        &self,
+        recent: &[u32],
+        next_token: u32,
+        max_len: usize,
+    ) -> (DraftTree, Recency) {
+        let tail = &recent[recent.len().saturating_sub(self.ngram - 1)..];
+        let (tree, used) = self.chain_from(self.deepest(tail), next_token, max_len, Source::Shared);
+        (tree, self.recency(&used))
+    }
+
     /// The chain below the longest border of `deepest` (a match state) and `next`, with the
     /// trie nodes it used (its border first).
     pub(crate) fn chain_from(

@@ -1,7 +1,7 @@
 //! `DraftPool` and `BatchDraft` for Python: argument conversion here, every check that
 //! concerns a request in the core (`crate::pool`), one GIL release per call.
 
-use numpy::PyArray1;
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
@@ -529,9 +529,11 @@ impl PyDraftPool {
     }
 
     /// Per request, its automaton's longest-match chain rooted at ``last_tokens[i]``
-    /// (``Automaton.chain``), at most ``max_len`` tokens after the root, as one-path trees.
-    #[pyo3(signature = (ids = Given::MISSING, last_tokens = Given::MISSING, max_len = Given::MISSING, /, *extra, **kwargs))]
-    #[pyo3(text_signature = "($self, ids, last_tokens, max_len)")]
+    /// (``Automaton.chain``), at most ``max_len`` tokens after the root, as one-path trees;
+    /// with ``shared``, that automaton's chain after the request's latest tokens instead.
+    #[pyo3(signature = (ids = Given::MISSING, last_tokens = Given::MISSING, max_len = Given::MISSING, /, *extra, shared = None, **kwargs))]
+    #[pyo3(text_signature = "($self, ids, last_tokens, max_len, *, shared=None)")]
+    #[allow(clippy::too_many_arguments)]
     fn retrieval_chains(
         &self,
         py: Python<'_>,
@@ -539,21 +541,43 @@ impl PyDraftPool {
         last_tokens: Given<'_>,
         max_len: Given<'_>,
         extra: &Bound<'_, PyTuple>,
+        shared: Option<&Bound<'_, PyAny>>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyBatchDraft> {
         const SIGNATURE: Signature<3, 0> = Signature::new(
             "DraftPool.retrieval_chains",
             ["ids", "last_tokens", "max_len"],
             [],
-            &[],
+            &["shared"],
         );
         let ([ids, last_tokens, max_len], []) =
             SIGNATURE.bind([ids, last_tokens, max_len], [], extra, kwargs)?;
         let ids = request_ids(&ids)?;
         let last = int_arg(&last_tokens, "last_tokens")?;
         let max_len = at_least(max_len.extract()?, 0, "max_len")?;
+        let shared = shared
+            .filter(|s| !s.is_none())
+            .map(|s| native::<PyAutomaton>(s, "shared", "an Automaton or None"))
+            .transpose()?;
         let last = last.as_slice();
-        let batch = py.detach(|| self.inner.retrieval_chains(&ids, last, max_len))?;
+        let Some(shared) = shared.as_ref().map(Bound::get) else {
+            let batch = py.detach(|| self.inner.retrieval_chains(&ids, last, max_len))?;
+            return Ok(PyBatchDraft { inner: batch });
+        };
+        // As in ``propose``: the read lock covers the batch, the recency update comes after.
+        let batch = py.detach(|| {
+            let (batch, recency) = {
+                let s = shared.inner.read();
+                self.inner.shared_chains(&ids, last, max_len, &s)?
+            };
+            if recency.iter().any(|r| !r.is_empty()) {
+                let mut s = shared.inner.write();
+                for r in &recency {
+                    s.touch(r);
+                }
+            }
+            Ok::<_, crate::Error>(batch)
+        })?;
         Ok(PyBatchDraft { inner: batch })
     }
 
@@ -758,6 +782,27 @@ impl PyBatchDraft {
         let n = at_least(n.extract()?, 1, "n")?;
         let (tokens, mask) = py.detach(|| self.inner.sglang(n))?;
         (PyArray1::from_vec(py, tokens), PyArray1::from_vec(py, mask)).into_pyobject(py)
+    }
+
+    /// ``(tokens int32[bs, k], cells int32[bs, k])``: ``chains(k)`` as a table, with each
+    /// node's edge cell, ``-1`` past a chain's end.
+    #[pyo3(signature = (k = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, k)")]
+    fn chain_table<'py>(
+        &self,
+        py: Python<'py>,
+        k: Given<'py>,
+        extra: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        const SIGNATURE: Signature<1, 0> = Signature::new("BatchDraft.chain_table", ["k"], [], &[]);
+        let ([k], []) = SIGNATURE.bind([k], [], extra, kwargs)?;
+        let k = at_least(k.extract()?, 0, "k")?;
+        let bs = self.inner.trees().len();
+        let (tokens, cells) = self.inner.chain_table(k)?;
+        let tokens = PyArray1::from_vec(py, tokens).reshape([bs, k])?;
+        let cells = PyArray1::from_vec(py, cells).reshape([bs, k])?;
+        (tokens, cells).into_pyobject(py)
     }
 
     /// Per request, up to ``k`` tokens of the best root-to-leaf path after the root.

@@ -503,6 +503,26 @@ fn chains_follow_the_deepest_leaf_with_the_smallest_index() {
     );
     assert_eq!(batch.chains(2).unwrap(), vec![vec![2, 4], vec![], vec![8]]);
     assert_eq!(batch.chains(0).unwrap(), vec![Vec::<i32>::new(); 3]);
+    // The same chains as a table, with their nodes' cells, -1 past each end.
+    let (tokens, cells) = batch.chain_table(4).unwrap();
+    assert_eq!(tokens, [2, 4, 6, -1, -1, -1, -1, -1, 8, -1, -1, -1]);
+    let c = |b: usize, u: usize| batch.trees()[b].cells()[u];
+    let expected = [
+        c(0, 2),
+        c(0, 4),
+        c(0, 6),
+        -1,
+        -1,
+        -1,
+        -1,
+        -1,
+        c(2, 1),
+        -1,
+        -1,
+        -1,
+    ];
+    assert_eq!(cells, expected);
+    assert!(batch.chain_table(usize::MAX).is_err());
     assert_eq!(batch.offsets(), &[0, 8, 9, 11]);
     assert_eq!(batch.parents().unwrap()[8..], [-1, -1, 0]);
 }

@@ -31,6 +31,7 @@ from racer_rs import (
     LogitsTable,
     build_draft_tree,
 )
+from racer_rs._native import edge_cell_shared_counterparts
 from racer_rs.errors import InvalidArgumentError, InvalidTypeError
 from tests.reference import ancestor_mask
 
@@ -461,6 +462,32 @@ def test_chains_follow_the_deepest_leaf_with_the_smallest_index(tree):
     assert best_chain([9, 1, 2, 3, 4], [-1, 0, 0, 2, 1], 5) == [2, 3]
 
 
+@pytest.mark.parametrize("tree", ["halving", "scored"])
+def test_chain_table_holds_each_best_chain_with_its_cells(tree):
+    pool, ids, nexts = filled_pool(tree=tree)
+    batch = pool.propose(ids, nexts, [1, 4, 9, 16, 30, 64])
+    for k in (0, 1, 2, 5, 100):
+        tokens, cells = batch.chain_table(k)
+        assert tokens.shape == cells.shape == (len(ids), k)
+        assert tokens.dtype == cells.dtype == np.int32
+        for i in range(len(ids)):
+            t = batch.tree(i)
+            # The oracle's chain, as node indices: each chain token's node is the one whose
+            # parent is the previous node (tokens are distinct among siblings).
+            chain = best_chain(t.tokens.tolist(), t.parents.tolist(), k)
+            node, nodes = 0, []
+            for token in chain:
+                node = next(j for j in range(len(t)) if t.parents[j] == node and t.tokens[j] == token)
+                nodes.append(node)
+            n = len(chain)
+            assert tokens[i, :n].tolist() == chain and (tokens[i, n:] == -1).all()
+            assert cells[i, :n].tolist() == t.cells[nodes].tolist() and (cells[i, n:] == -1).all()
+    with pytest.raises(InvalidArgumentError, match=r"^k: must be >= 0"):
+        batch.chain_table(-1)
+    with pytest.raises(InvalidArgumentError, match=r"^k: .*over the limit"):
+        batch.chain_table(2**28)
+
+
 # ---------------------------------------------------------------------------------------------
 # (4) Byte-identical outputs across processes, hash seeds and thread counts.
 
@@ -847,10 +874,38 @@ def test_retrieval_chains_are_each_automatons_chain(prompts, max_len):
         assert tree.cells.tolist() == expected.cells.tolist()
 
 
+@given(
+    # Few distinct tokens: long matches, where the request's whole recent context counts.
+    st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=30), min_size=1, max_size=4),
+    st.lists(st.integers(0, 2), min_size=0, max_size=60),
+    st.integers(0, 10),
+)
+def test_shared_retrieval_chains_are_the_shared_automatons_chain_after_each_context(prompts, corpus, max_len):
+    pool = DraftPool(16, ngram=5, use_logits=False)
+    shared = Automaton(ngram=6, capacity=10_000)
+    shared.extend(corpus)
+    for i, prompt in enumerate(prompts):
+        pool.add(i, prompt)
+    roots = [i % 3 for i in range(len(prompts))]
+    batch = pool.retrieval_chains(list(range(len(prompts))), roots, max_len, shared=shared)
+    counterparts = edge_cell_shared_counterparts()
+    for i, (prompt, root) in enumerate(zip(prompts, roots, strict=True)):
+        # The request's latest tokens: what its own automaton (ngram 5) keeps of its context.
+        expected = shared.chain(root, max_len, prompt[-5:])
+        tree = batch.tree(i)
+        assert tree.tokens.tolist() == expected.tokens.tolist()
+        own = expected.cells
+        assert tree.cells.tolist() == np.where(own >= 0, counterparts[np.maximum(own, 0)], own).tolist()
+    # Only read: the requests' own chains are as before.
+    assert pool.retrieval_chains([0], [roots[0]], max_len).tree(0).tokens.tolist()[0] == roots[0]
+
+
 @pytest.mark.parametrize(
     ("call", "error", "names"),
     [
         (lambda p: p.retrieval_chains([], [], 4), InvalidArgumentError, "empty"),
+        (lambda p: p.retrieval_chains([0], [1], 4, shared=3), InvalidTypeError, "shared"),
+        (lambda p: p.retrieval_chains(["missing"], [1], 4, shared=Automaton(4, 100)), InvalidArgumentError, "missing"),
         (lambda p: p.retrieval_chains(["missing"], [1], 4), InvalidArgumentError, "missing"),
         (lambda p: p.retrieval_chains([0, 0], [1, 1], 4), InvalidArgumentError, "0"),
         (lambda p: p.retrieval_chains([0], [1, 2], 4), InvalidArgumentError, "last_tokens"),
