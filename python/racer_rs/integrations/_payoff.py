@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from racer_rs._native import BatchDraft
-
 #: Prior per-token share of the step, ``b / a``, before timings say otherwise (SmolLM2-135M on
 #: two CPU cores: about 60 ms per step plus 1.5-5 ms per verified token).
 PRIOR_RATIO = 1.0 / 32.0
@@ -55,37 +53,6 @@ class StepCost:
         slope = (cov * w + PRIOR_WEIGHT * prior) / (var * w + PRIOR_WEIGHT)
         slope = max(slope, 1e-3 * prior)
         return max(my - slope * mx, slope), slope
-
-
-def best_chains(draft: BatchDraft, k: int) -> np.ndarray:
-    """``int64[bs, k]``: per request, the node indices (into the batch's flat arrays) of its best
-    chain (:meth:`racer_rs.BatchDraft.chains`: the deepest root-to-leaf path, first leaf in BFS
-    order on ties, its first ``k`` tokens after the root), ``-1`` past its end."""
-    offsets, counts = draft.offsets, draft.counts
-    bs = len(counts)
-    local = draft.parents.astype(np.int64)
-    row = np.repeat(np.arange(bs), counts)
-    parent = np.where(local >= 0, local + offsets[:-1][row], -1)
-    depth = np.zeros(len(parent), dtype=np.int64)
-    has_parent = parent >= 0
-    while True:  # parents come first (BFS order): one pass per level
-        deeper = np.where(has_parent, depth[parent] + 1, 0)
-        if np.array_equal(deeper, depth):
-            break
-        depth = deeper
-    deepest = np.maximum.reduceat(depth, offsets[:-1])
-    candidates = np.flatnonzero(depth == deepest[row])
-    _, first = np.unique(row[candidates], return_index=True)
-    node = candidates[first]  # each request's chain leaf
-    out = np.full((bs, max(int(deepest.max(initial=0)), 1)), -1, dtype=np.int64)
-    rows = np.arange(bs)
-    for _ in range(out.shape[1]):  # from the leaves up, one level at a time
-        live = depth[node] > 0
-        out[rows[live], depth[node[live]] - 1] = node[live]
-        node = np.where(live, parent[node], node)
-    if out.shape[1] < k:
-        out = np.pad(out, ((0, 0), (0, k - out.shape[1])), constant_values=-1)
-    return out[:, :k]
 
 
 def chosen_lengths(probs: np.ndarray, requests: int, cost: tuple[float, float]) -> np.ndarray:

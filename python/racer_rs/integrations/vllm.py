@@ -57,11 +57,11 @@ from typing import Any
 import numpy as np
 
 from racer_rs import optional_deps
-from racer_rs._native import Automaton, DraftPool, edge_cell_shared_counterparts
+from racer_rs._native import Automaton, BatchDraft, DraftPool
 from racer_rs.autosize.calibration import EdgeCalibration
 from racer_rs.errors import InvalidArgumentError
-from racer_rs.integrations._payoff import StepCost, best_chains, chosen_lengths
-from racer_rs.integrations._shared import copy_logit_order, in_vocab, topk_rows
+from racer_rs.integrations._payoff import StepCost, chosen_lengths
+from racer_rs.integrations._shared import in_vocab, topk_rows
 from racer_rs.integrations.options import ServingOptions
 
 __all__ = ["FALLBACK_VOCAB", "RacerProposer"]
@@ -73,13 +73,23 @@ logger = logging.getLogger("vllm.racer_rs")
 FALLBACK_VOCAB = 1 << 18
 #: Logits calls kept between two ``propose`` calls (more than one is already ambiguous).
 _MAX_RECORDS = 4
-#: Every edge cell's counterpart for an edge retrieved from the shared automaton (the core's
-#: layout: a request's own retrieval cells move to the shared ones).
-_AS_SHARED = edge_cell_shared_counterparts()
 
 
-#: Chains of a batch's rows: tokens, edge cells and validity, each ``[rows, k]``.
+#: Chains of a batch's rows: tokens, edge cells and validity, each ``[rows, k]`` (or
+#: ``[candidates, rows, k]``).
 _Chains = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+@dataclass
+class _Continued:
+    """A request the current call continues, with what the previous call drafted for it."""
+
+    request: _Request
+    sampled: list[int]  # this step's tokens: the accepted drafts and the bonus token
+    first_row: int  # its first logits row this step (if every request verified its draft)
+    root: int
+    chain: list[int]  # drafted at the previous call, after root
+    slot: int  # its row in the previous call's candidates (-1: it drafted nothing)
 
 
 @dataclass
@@ -94,12 +104,7 @@ class _Request:
     shared: int = 0  # tokens[output:shared] are in the shared automaton
     root: int = 0
     chain: list[int] = field(default_factory=list)  # drafted at the last call, after root
-    # The best chain's tokens and edge cells at the last call (chain is a prefix of it).
-    full: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
-    cells: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
-    # Every candidate chain of the last call, (tokens, cells): what each would have committed
-    # is known after the step, so every source's cells learn, not only the chosen one's.
-    candidates: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    slot: int = -1  # its row in the last call's candidate chains (-1: none)
 
     def context(self) -> np.ndarray:
         return self.tokens[: self.length]
@@ -171,6 +176,10 @@ class RacerProposer:
         self._rows: dict[int, _Request] = {}
         self._next_key = 0
         self._records: list[tuple[Any, Any]] = []
+        # The last call's candidate chains ([candidates, rows, k]; a request's ``slot`` is its
+        # row) and each row's chosen candidate.
+        self._candidates: _Chains | None = None
+        self._best = np.zeros(0, dtype=np.int64)
         self._wrapped = False
         #: Acceptance per edge cell, learned from what vLLM samples after each chain.
         self.calibration = EdgeCalibration()
@@ -255,8 +264,8 @@ class RacerProposer:
         claimed: set[int] = set()
         rows: dict[int, _Request] = {}
         out: list[list[int]] = [[] for _ in sampled_token_ids]
-        # Continued requests: (request, sampled, first logits row, last root, last chain).
-        continued: list[tuple[_Request, list[int], int, int, list[int]]] = []
+        continued: list[_Continued] = []
+        extended: list[tuple[_Request, int]] = []  # continued drafting requests, new tokens
         logit_rows = 0  # logits rows this step had, if every request verified what we drafted
         draft_rows: list[int] = []
         timed = self._last_call is not None  # every row continued: the interval is one step
@@ -272,21 +281,23 @@ class RacerProposer:
             if found is not None:
                 request = found
                 claimed.add(request.key)
-                continued.append((request, step, logit_rows, request.root, request.chain))
+                continued.append(_Continued(request, step, logit_rows, request.root, request.chain, request.slot))
                 logit_rows += len(request.chain) + 1
-                self._extend(pool, request, context)
+                self._extend(pool, request, step, extended)
                 self.stats["continued"] += 1
             else:
                 request = self._start(pool, context)
                 logit_rows += 1
                 timed = False
             rows[i] = request
-            request.root, request.chain = int(context[-1]), []
+            request.root, request.chain, request.slot = int(context[-1]), [], -1
             if request.drafting and self._budget(n) > 0:
                 draft_rows.append(i)
         for request in previous.values():
             if request.key not in claimed:
                 self._finish(pool, request)
+        if extended:  # in each automaton: the old root and the new tokens before the new root
+            pool.extend([r.key for r, _ in extended], [r.tokens[r.length - n - 1 : r.length - 1] for r, n in extended])
         self._rows = rows
         if self.shared is not None and self.shared_running:
             for request in rows.values():
@@ -332,34 +343,34 @@ class RacerProposer:
         self.seconds["steps"] += seconds
         self.seconds["timed_steps"] += 1
 
-    def _learn(self, continued: list[tuple[_Request, list[int], int, int, list[int]]]) -> None:
+    def _learn(self, continued: list[_Continued]) -> None:
         """Acceptance outcomes of the last call's candidate chains. The tokens vLLM sampled
         are the target's own after the root, so every chain token up to the first mismatch is
         evidence, verified, cut or not chosen (no cell is starved of evidence)."""
-        cells: list[np.ndarray] = []
-        hits: list[np.ndarray] = []
-        expected = committed = 0.0
-        probs = self.calibration.probabilities()
-        for request, sampled, _, _, chain in continued:
-            target = np.asarray(sampled)
-            for tokens, chain_cells in request.candidates:
-                matched = _matched(tokens, target)
-                # The tokens vLLM sampled are known; a chain token past them is not (a match
-                # up to their end is no failure of the next one).
-                observed = min(matched + 1, len(tokens), len(target))
-                cells.append(chain_cells[:observed])
-                hits.append(np.arange(observed) < matched)
-            request.candidates = []
-            if len(request.full) == 0:
-                continue
-            matched = _matched(request.full, target)
-            self.stats["accepted_tokens"] += min(matched, len(chain))
-            expected += float(np.cumprod(probs[request.cells[: len(chain)]]).sum())
-            committed += min(matched, len(chain))
-            request.full = request.full[:0]
-        if cells:
-            self.calibration.observe(np.concatenate(cells), np.concatenate(hits))
-            self.calibration.record_step(expected, int(committed))
+        learning = [c for c in continued if c.slot >= 0]
+        if self._candidates is None or not learning:
+            return
+        k = self.k
+        slots = np.array([c.slot for c in learning], dtype=np.int64)
+        tokens, cells, valid = (x[:, slots] for x in self._candidates)  # [candidates, n, k]
+        sampled = np.full((len(learning), k), -2, dtype=np.int64)  # -2: no token (chains hold -1)
+        for j, c in enumerate(learning):
+            sampled[j, : min(len(c.sampled), k)] = c.sampled[:k]
+        counts = np.array([len(c.sampled) for c in learning], dtype=np.int64)
+        matched = np.cumprod(tokens == sampled, axis=2).sum(axis=2)  # [candidates, n]
+        # A chain token past the sampled ones is unknown (a match up to their end is no failure
+        # of the next one).
+        observed = np.minimum(np.minimum(matched + 1, valid.sum(axis=2)), counts)
+        depth = np.arange(k)
+        # The drafted chain, the best candidate's prefix: what it was expected to commit.
+        n, best = np.arange(len(learning)), self._best[slots]
+        drafted = np.array([len(c.chain) for c in learning], dtype=np.int64)
+        committed = int(np.minimum(matched[best, n], drafted).sum())
+        probs = self.calibration.probabilities()[cells[best, n]] * (depth < drafted[:, None])
+        seen = depth < observed[..., None]
+        self.calibration.observe(cells[seen], (depth < matched[..., None])[seen])
+        self.calibration.record_step(float(np.cumprod(probs, axis=1).sum()), committed)
+        self.stats["accepted_tokens"] += committed
 
     def _draft(
         self,
@@ -375,75 +386,43 @@ class RacerProposer:
         A row's candidates: its tree's deepest path (retrieval and copy-logit nodes), its own
         automaton's longest-match chain and the shared automaton's; with ``adaptive`` the one
         the calibrated edges expect the most accepted tokens from, else the tree's."""
+        k = self.k
         keys = [rows[i].key for i in draft_rows]
         roots = np.array([rows[i].root for i in draft_rows], dtype=np.int64)
-        draft = pool.propose(keys, roots, self.capacity)
-        candidates = [_chain_arrays(draft, best_chains(draft, self.k))]
+        candidates = [_table(pool.propose(keys, roots, self.capacity), k)]
         shared = -1  # the shared automaton's candidate, if any
         if self.options.adaptive:
             if self.options.use_retrieval:
-                chains = pool.retrieval_chains(keys, roots, self.k)
-                candidates.append(_chain_arrays(chains, _path_nodes(chains, self.k)))
+                candidates.append(_table(pool.retrieval_chains(keys, roots, k), k))
             if self.shared is not None and len(self.shared):
                 shared = len(candidates)
-                candidates.append(self._shared_chains([rows[i] for i in draft_rows], roots))
-        tokens, cells, valid, best = self._likeliest(candidates, [rows[i] for i in draft_rows])
+                candidates.append(_table(pool.retrieval_chains(keys, roots, k, shared=self.shared), k))
+        tokens, cells, valid = (np.stack(x) for x in zip(*candidates, strict=True))
+        edges = self.calibration.probabilities()
+        expected = np.cumprod(np.where(valid, edges[cells], 0.0), axis=2).sum(axis=2)
+        best = np.argmax(expected, axis=0)  # the first on ties
+        # Every candidate is kept: what each would have committed is known after the step, so
+        # every source's cells learn, not only the chosen one's.
+        self._candidates, self._best = (tokens, cells, valid), best
         self.stats["shared_chains"] += int((best == shared).sum())
+        at = np.arange(len(draft_rows))
+        tokens, cells, valid = tokens[best, at], cells[best, at], valid[best, at]
         budgets = np.array([self._budget(int(num_tokens_no_spec[i])) for i in draft_rows], dtype=np.int64)
-        allowed = valid & (np.arange(self.k) < budgets[:, None])
+        allowed = valid & (np.arange(k) < budgets[:, None])
         if self.options.adaptive:
             scale = self.calibration.extra_scale()
-            probs = np.cumprod(np.where(valid, self.calibration.probabilities()[cells], 0.0), axis=1)
+            probs = np.cumprod(np.where(valid, edges[cells], 0.0), axis=1)
             probs = np.minimum(probs * scale, 1.0) * allowed
             lengths = chosen_lengths(probs, requests, self.step_cost.coefficients())
         else:
             lengths = allowed.sum(axis=1)
-        for j, i in enumerate(draft_rows):
-            request, length = rows[i], int(valid[j].sum())
-            request.full, request.cells = tokens[j, :length].astype(np.int32), cells[j, :length]
-            drafted = tokens[j, : int(lengths[j])].tolist()
-            request.chain = drafted
-            out[i] = drafted
-            self.stats["drafted"] += 1
-            self.stats["drafted_tokens"] += len(drafted)
-
-    def _shared_chains(self, requests: list[_Request], roots: np.ndarray) -> _Chains:
-        """Every row's longest-match chain in the shared automaton, its edges in the shared
-        cells (calibration learns how reliable cross-request continuations are)."""
-        assert self.shared is not None
-        context_tokens = self.options.racer.ngram - 1
-        tokens = np.full((len(requests), self.k), -1, dtype=np.int64)
-        cells = np.zeros((len(requests), self.k), dtype=np.int64)
-        for j, request in enumerate(requests):
-            context = request.context()[-1 - context_tokens : -1]
-            tree = self.shared.chain(int(roots[j]), self.k, context)
-            n = len(tree.tokens) - 1
-            own = tree.cells[1:]
-            tokens[j, :n] = tree.tokens[1:]
-            cells[j, :n] = np.where(own >= 0, _AS_SHARED[np.maximum(own, 0)], own)
-        return tokens, cells, tokens >= 0
-
-    def _likeliest(
-        self, candidates: list[_Chains], requests: list[_Request]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per row, the candidate chain with the most expected accepted tokens under the
-        calibrated edges (the first on ties), and which candidate it is; every candidate is
-        kept for learning."""
-        tokens = np.stack([c[0] for c in candidates])
-        cells = np.stack([c[1] for c in candidates])
-        valid = np.stack([c[2] for c in candidates])
-        edges = self.calibration.probabilities()
-        expected = np.cumprod(np.where(valid, edges[cells], 0.0), axis=2).sum(axis=2)
-        best = np.argmax(expected, axis=0)
-        rows = np.arange(tokens.shape[1])
-        lengths = valid.sum(axis=2)
-        for j, request in enumerate(requests):
-            request.candidates = [
-                (tokens[m, j, : lengths[m, j]].astype(np.int32), cells[m, j, : lengths[m, j]])
-                for m in range(len(candidates))
-                if lengths[m, j]
-            ]
-        return tokens[best, rows], cells[best, rows], valid[best, rows], best
+        drafts = tokens.tolist()
+        for j, (i, cut) in enumerate(zip(draft_rows, lengths.tolist(), strict=True)):
+            request = rows[i]
+            request.slot = j
+            request.chain = out[i] = drafts[j][:cut]
+        self.stats["drafted"] += len(draft_rows)
+        self.stats["drafted_tokens"] += int(lengths.sum())
 
     def _finish(self, pool: DraftPool, request: _Request) -> None:
         """Free a request no row continued; what the shared automaton lacks of its output
@@ -515,16 +494,18 @@ class RacerProposer:
         # Its last token is the first one the engine sampled (after a prefill).
         return _Request(key, np.array(context, dtype=np.int32), len(context), drafting, output=len(context) - 1)
 
-    def _extend(self, pool: DraftPool, request: _Request, context: np.ndarray) -> None:
-        new = context[request.length :]
+    def _extend(self, pool: DraftPool, request: _Request, new: list[int], extended: list[tuple[_Request, int]]) -> None:
+        """Append a continued request's new tokens; its automaton takes them in the call's one
+        batched ``pool.extend`` (listed in ``extended``), or it stops drafting at a token
+        outside the vocabulary."""
         if request.drafting:
             assert self.vocab_size is not None
-            if in_vocab(new, self.vocab_size):
-                pool.extend([request.key], [context[request.length - 1 : -1]])
+            if min(new) >= 0 and max(new) < self.vocab_size:
+                extended.append((request, len(new)))
             else:
                 pool.remove(request.key)
                 request.drafting = False
-        request.append(new)
+        request.append(np.asarray(new, dtype=np.int32))
 
     def _record(self, logits: Any) -> None:
         """Keep the top-k of one ``compute_logits`` call (on its device)."""
@@ -542,15 +523,14 @@ class RacerProposer:
         self,
         pool: DraftPool,
         records: list[tuple[Any, Any]],
-        continued: list[tuple[_Request, list[int], int, int, list[int]]],
+        continued: list[_Continued],
         logit_rows: int,
     ) -> None:
         """Write the copy-logit rows of the continued requests if this step's logits can be
         attributed exactly (see the module's docstring), else count a skip."""
         matching = [r for r in records if r[0].shape[0] == logit_rows and r[0].shape[1] == pool.breadth]
         consistent = all(
-            len(sampled) - 1 <= len(chain) and sampled[:-1] == chain[: len(sampled) - 1]
-            for _, sampled, _, _, chain in continued
+            len(c.sampled) - 1 <= len(c.chain) and c.sampled[:-1] == c.chain[: len(c.sampled) - 1] for c in continued
         )
         if len(matching) != 1 or not consistent:
             self.stats["logit_skips"] += 1
@@ -559,38 +539,31 @@ class RacerProposer:
         ids = np.asarray(ids_t.cpu())
         probs = None if probs_t is None else np.clip(np.asarray(probs_t.float().cpu()), 0.0, 1.0)
         assert self.vocab_size is not None
-        for request, sampled, first, root, chain in continued:
-            if not request.drafting or request.key not in pool:
+        for c in continued:
+            if not c.request.drafting or c.request.key not in pool:
                 continue
-            nodes = np.array([root, *chain], dtype=np.int64)
-            order = copy_logit_order(len(nodes), list(range(len(sampled))))
-            rows = ids[first + order]
+            # The chain's rejected nodes first, then the accepted path (the root and the
+            # accepted drafts), so the accepted context's rows win (copy_logit_order).
+            nodes = [c.root, *c.chain]
+            accepted = len(c.sampled)
+            order = [*range(accepted, len(nodes)), *range(accepted)]
+            rows = ids[[c.first_row + j for j in order]]
             if in_vocab(rows, self.vocab_size):
-                pool.update_topk(request.key, nodes[order], rows, None if probs is None else probs[first + order])
+                pool.update_topk(
+                    c.request.key,
+                    np.array([nodes[j] for j in order], dtype=np.int64),
+                    rows,
+                    None if probs is None else probs[[c.first_row + j for j in order]],
+                )
         self.stats["logit_steps"] += 1
 
 
-def _matched(tokens: np.ndarray, sampled: np.ndarray) -> int:
-    """How many of ``tokens`` equal the first of ``sampled`` (the tokens after the root)."""
-    seen = min(len(tokens), len(sampled))
-    same = tokens[:seen] == sampled[:seen]
-    return seen if same.all() else int(np.argmin(same))
-
-
-def _chain_arrays(draft: Any, nodes: np.ndarray) -> _Chains:
-    """Tokens, cells and validity ``[rows, k]`` of chains given as flat node indices of
-    ``draft`` (``-1`` past a chain's end)."""
-    valid = nodes >= 0
-    return np.where(valid, draft.tokens[nodes], -1), np.where(valid, draft.cells[nodes], 0), valid
-
-
-def _path_nodes(draft: Any, k: int) -> np.ndarray:
-    """Flat node indices ``[rows, k]`` of the chains of ``draft`` (one-path trees, as
-    ``DraftPool.retrieval_chains`` gives), ``-1`` past a chain's end."""
-    offsets, counts = draft.offsets, draft.counts
-    depth = np.arange(1, k + 1)
-    nodes = offsets[:-1, None] + depth[None, :]
-    return np.where(depth[None, :] < counts[:, None], nodes, -1)
+def _table(draft: BatchDraft, k: int) -> _Chains:
+    """Tokens, edge cells and validity ``[rows, k]`` of each tree's deepest path (one-path
+    trees: the chain), cells ``0`` past a chain's end (indexable, masked by validity)."""
+    tokens, cells = draft.chain_table(k)
+    valid = tokens >= 0
+    return tokens, np.where(valid, cells, 0), valid
 
 
 def _config_vocab(config: Any) -> int | None:
