@@ -136,7 +136,9 @@ def make_proposer(method: str, args: argparse.Namespace, vocab: int, clock: Cloc
     module = importlib.import_module(module_name)
     import racer_rs.integrations.vllm as integration
 
-    integration.time = clock  # type: ignore[assignment]  # its step-cost fit reads the modelled clock
+    for proposer_module in (integration, module):  # a variant's own module too
+        if hasattr(proposer_module, "time"):
+            proposer_module.time = clock  # its step-cost fit reads the modelled clock
     proposer = getattr(module, class_name)(config)
     model = SimpleNamespace(compute_logits=lambda logits: logits, config=SimpleNamespace(vocab_size=vocab))
     proposer.load_model(model)
@@ -217,9 +219,11 @@ def run_level(
         step = a + b * decode_tokens + p * prefill_tokens
         clock.now += step
         if method != "none":
+            # The step's logits as one tensor, as the forward leaves them (not the proposer's time).
+            logits = target.torch.cat(logit_rows)
             proposer_start = time.perf_counter()
             if model is not None:  # the runner's compute_logits call on this step's rows
-                model.compute_logits(target.torch.cat(logit_rows))
+                model.compute_logits(logits)
             drafts = propose(method, drafter, running, sampled, args.k)
             spent = time.perf_counter() - proposer_start
             clock.now += spent
