@@ -319,7 +319,13 @@ def main() -> int:
             result = run_level(method, proposer, target, prompts, c, args, clock)
             drafter = proposer[0]
             if hasattr(drafter, "timing"):  # RacerProposer: its fitted step cost and its counters
-                result["proposer"] = {**drafter.stats, **drafter.timing(), "scale": drafter.calibration.extra_scale()}
+                scales = drafter.source_scales().round(3).tolist() if hasattr(drafter, "source_scales") else None
+                result["proposer"] = {
+                    **drafter.stats,
+                    **drafter.timing(),
+                    "scale": drafter.calibration.extra_scale(),
+                    "source_scales": scales,
+                }
             results.setdefault(method, {})[c] = result
             print(summary(method, c, result, results.get("none", {}).get(c)), flush=True)
     if args.out:

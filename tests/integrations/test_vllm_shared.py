@@ -7,11 +7,13 @@ longest-match chain is drafted where a shorter match is more frequent."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from racer_rs import optional_deps
+from racer_rs.integrations import vllm as integration
 from racer_rs.integrations.options import ServingOptions
 from racer_rs.integrations.vllm import RacerProposer
 
@@ -134,7 +136,9 @@ def test_running_outputs_are_not_shared_when_off(engine_free):
     assert all(d == [] for d in drafts), drafts
 
 
-def draft_after_shared_bigrams(options: ServingOptions) -> tuple[RacerProposer, list[list[int]], list[list[int]]]:
+def draft_after_shared_bigrams(
+    options: ServingOptions, proposer_class: type[RacerProposer] = RacerProposer
+) -> tuple[RacerProposer, list[list[int]], list[list[int]]]:
     """One request whose prompt holds a frequent ``B C X Y`` and eight segments ``Q B C D E F
     G`` (their other tokens distinct), and whose output repeats the segments in order, one
     token a step. Returns the proposer, the drafts made at each segment's ``C``, and the
@@ -143,7 +147,7 @@ def draft_after_shared_bigrams(options: ServingOptions) -> tuple[RacerProposer, 
         speculative_config=SimpleNamespace(num_speculative_tokens=K),
         model_config=SimpleNamespace(max_model_len=MAX_LEN, get_vocab_size=lambda: VOCAB),
     )
-    proposer = RacerProposer(config, options=options)
+    proposer = proposer_class(config, options=options)
     batch = Batch(proposer)
     b, c = 11, 12
     segments = [[100 + 10 * i, b, c, 101 + 10 * i, 102 + 10 * i, 103 + 10 * i, 104 + 10 * i] for i in range(8)]
@@ -171,3 +175,16 @@ def test_the_longest_match_chain_is_drafted_where_a_shorter_match_is_more_freque
     # The tree alone (no choice among candidates) drafts the frequent continuation instead.
     _, tree_drafts, _ = draft_after_shared_bigrams(ServingOptions(use_logits=False, adaptive=False))
     assert all(d[:1] != t[:1] for d, t in zip(tree_drafts[2:], truths[2:], strict=True)), tree_drafts
+    assert proposer.source_committed[integration._OWN] > 0  # the own chains' outcomes were counted
+
+
+def test_a_source_whose_chosen_chains_committed_far_less_than_expected_loses_the_choice(engine_free):
+    class Discredited(RacerProposer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # As if the own chains had been chosen often and had committed nothing.
+            self.source_expected[integration._OWN] = 1e6
+
+    proposer, drafts, truths = draft_after_shared_bigrams(ServingOptions(use_logits=False), Discredited)
+    assert all(d[:1] != t[:1] for d, t in zip(drafts[2:], truths[2:], strict=True)), drafts
+    assert proposer.source_committed[integration._OWN] == 0
