@@ -15,6 +15,7 @@ use super::errors::{type_error, value_error};
 use super::logits_table::exempt;
 use super::signature::{Given, Signature, no_arguments, unless_none};
 use super::tree::PyDraftTree;
+use crate::automaton::{Automaton, Recency};
 use crate::pool::{
     BatchDraft, DraftPool, PROPOSE_REQUEST_UNITS, PoolOptions, RequestId, split_ragged,
 };
@@ -555,28 +556,14 @@ impl PyDraftPool {
         let ids = request_ids(&ids)?;
         let last = int_arg(&last_tokens, "last_tokens")?;
         let max_len = at_least(max_len.extract()?, 0, "max_len")?;
-        let shared = shared
-            .filter(|s| !s.is_none())
-            .map(|s| native::<PyAutomaton>(s, "shared", "an Automaton or None"))
-            .transpose()?;
+        let shared = shared_arg(shared)?;
         let last = last.as_slice();
         let Some(shared) = shared.as_ref().map(Bound::get) else {
             let batch = py.detach(|| self.inner.retrieval_chains(&ids, last, max_len))?;
             return Ok(PyBatchDraft { inner: batch });
         };
-        // As in ``propose``: the read lock covers the batch, the recency update comes after.
         let batch = py.detach(|| {
-            let (batch, recency) = {
-                let s = shared.inner.read();
-                self.inner.shared_chains(&ids, last, max_len, &s)?
-            };
-            if recency.iter().any(|r| !r.is_empty()) {
-                let mut s = shared.inner.write();
-                for r in &recency {
-                    s.touch(r);
-                }
-            }
-            Ok::<_, crate::Error>(batch)
+            reading_shared(shared, |s| self.inner.shared_chains(&ids, last, max_len, s))
         })?;
         Ok(PyBatchDraft { inner: batch })
     }
@@ -613,10 +600,7 @@ impl PyDraftPool {
         let calibration = calibration
             .map(|c| prob_vector(c, "calibration"))
             .transpose()?;
-        let shared = shared
-            .filter(|s| !s.is_none())
-            .map(|s| native::<PyAutomaton>(s, "shared", "an Automaton or None"))
-            .transpose()?;
+        let shared = shared_arg(shared)?;
         let last = last.as_slice();
         let Some(shared) = shared.as_ref().map(Bound::get) else {
             // A batch of a few small trees is drafted at once: releasing the GIL would cost
@@ -637,24 +621,41 @@ impl PyDraftPool {
             return Ok(PyBatchDraft { inner: batch });
         };
         // The shared automaton's lock may be held by another thread: always release the GIL.
-        // Its read lock covers the batch; the recency update takes the write lock alone after
-        // (the pool's own locks are private, so no lock order can be crossed).
         let batch = py.detach(|| {
-            let (batch, recency) = {
-                let s = shared.inner.read();
+            reading_shared(shared, |s| {
                 self.inner
-                    .propose_shared(&ids, last, &caps, calibration.as_deref(), Some(&s))?
-            };
-            if recency.iter().any(|r| !r.is_empty()) {
-                let mut s = shared.inner.write();
-                for r in &recency {
-                    s.touch(r);
-                }
-            }
-            Ok::<_, crate::Error>(batch)
+                    .propose_shared(&ids, last, &caps, calibration.as_deref(), Some(s))
+            })
         })?;
         Ok(PyBatchDraft { inner: batch })
     }
+}
+
+/// The ``shared`` keyword: an automaton, or ``None`` (given or not).
+fn shared_arg<'py>(
+    shared: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Option<Bound<'py, PyAutomaton>>> {
+    shared
+        .filter(|s| !s.is_none())
+        .map(|s| native::<PyAutomaton>(s, "shared", "an Automaton or None"))
+        .transpose()
+}
+
+/// A batch drafted from `shared` under its read lock, which covers the whole batch; the
+/// recency of the nodes used is refreshed after, under the write lock alone (the pool's own
+/// locks are private, so no lock order can be crossed).
+fn reading_shared(
+    shared: &PyAutomaton,
+    draft: impl FnOnce(&Automaton) -> crate::Result<(BatchDraft, Vec<Recency>)>,
+) -> crate::Result<BatchDraft> {
+    let (batch, recency) = draft(&shared.inner.read())?;
+    if recency.iter().any(|r| !r.is_empty()) {
+        let mut s = shared.inner.write();
+        for r in &recency {
+            s.touch(r);
+        }
+    }
+    Ok(batch)
 }
 
 /// The draft trees of one ``DraftPool.propose`` call, in the order of its ids.
