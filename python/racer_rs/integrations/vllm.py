@@ -65,7 +65,7 @@ from racer_rs._native import Automaton, BatchDraft, DraftPool
 from racer_rs.autosize.calibration import SCALE_PRIOR, EdgeCalibration
 from racer_rs.errors import InvalidArgumentError
 from racer_rs.integrations._payoff import StepCost, chosen_lengths
-from racer_rs.integrations._shared import in_vocab, topk_rows
+from racer_rs.integrations._shared import copy_logit_order, in_vocab, topk_rows
 from racer_rs.integrations.options import ServingOptions
 
 __all__ = ["FALLBACK_VOCAB", "RacerProposer"]
@@ -526,14 +526,15 @@ class RacerProposer:
         """Append a continued request's new tokens; its automaton takes them in the call's one
         batched ``pool.extend`` (listed in ``extended``), or it stops drafting at a token
         outside the vocabulary."""
+        tokens = np.asarray(new, dtype=np.int64)
         if request.drafting:
             assert self.vocab_size is not None
-            if min(new) >= 0 and max(new) < self.vocab_size:
+            if in_vocab(tokens, self.vocab_size):
                 extended.append((request, len(new)))
             else:
                 pool.remove(request.key)
                 request.drafting = False
-        request.append(np.asarray(new, dtype=np.int32))
+        request.append(tokens)
 
     def _record(self, logits: Any) -> None:
         """Keep the top-k of one ``compute_logits`` call (on its device)."""
@@ -570,19 +571,12 @@ class RacerProposer:
         for c in continued:
             if not c.request.drafting or c.request.key not in pool:
                 continue
-            # The chain's rejected nodes first, then the accepted path (the root and the
-            # accepted drafts), so the accepted context's rows win (copy_logit_order).
-            nodes = [c.root, *c.chain]
-            accepted = len(c.sampled)
-            order = [*range(accepted, len(nodes)), *range(accepted)]
-            rows = ids[[c.first_row + j for j in order]]
+            nodes = np.array([c.root, *c.chain], dtype=np.int64)
+            order = copy_logit_order(len(nodes), range(len(c.sampled)))
+            rows = ids[c.first_row + order]
             if in_vocab(rows, self.vocab_size):
-                pool.update_topk(
-                    c.request.key,
-                    np.array([nodes[j] for j in order], dtype=np.int64),
-                    rows,
-                    None if probs is None else probs[[c.first_row + j for j in order]],
-                )
+                written = None if probs is None else probs[c.first_row + order]
+                pool.update_topk(c.request.key, nodes[order], rows, written)
         self.stats["logit_steps"] += 1
 
 
