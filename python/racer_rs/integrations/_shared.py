@@ -30,6 +30,14 @@ def in_vocab(tokens: np.ndarray, vocab_size: int) -> bool:
     return tokens.size == 0 or (int(tokens.min()) >= 0 and int(tokens.max()) < min(vocab_size, _INT32_LIMIT))
 
 
+def rows_in_vocab(ids: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Per row of a 2-D id array, whether every id is in ``[0, vocab_size)`` (as :func:`in_vocab`)."""
+    if ids.shape[1] == 0:
+        return np.ones(len(ids), dtype=bool)
+    fits: np.ndarray = (ids.min(axis=1) >= 0) & (ids.max(axis=1) < min(vocab_size, _INT32_LIMIT))
+    return fits
+
+
 def copy_logit_order(nodes: int, path: Sequence[int]) -> np.ndarray:
     """Node indices in the order a request's copy-logit rows are written after a verify step:
     the rejected nodes (``0..nodes`` not on ``path``) first, then the accepted path, so the
@@ -38,6 +46,9 @@ def copy_logit_order(nodes: int, path: Sequence[int]) -> np.ndarray:
     ``path`` may hold indices ``>= nodes`` (SGLang's padding nodes, accepted when the target
     predicts token 0 after the root).
     """
+    if isinstance(path, range) and path.start == 0 and path.step == 1 and path.stop <= nodes:
+        # A chain's accepted prefix (vLLM's every step): its rejected tail, then the prefix.
+        return np.concatenate([np.arange(path.stop, nodes), np.arange(path.stop)])
     on_path = np.zeros(max(nodes, 1), dtype=bool)
     accepted = np.asarray(path, dtype=np.int64)
     on_path[accepted[accepted < nodes]] = True

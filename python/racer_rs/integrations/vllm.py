@@ -65,7 +65,7 @@ from racer_rs._native import Automaton, BatchDraft, DraftPool
 from racer_rs.autosize.calibration import SCALE_PRIOR, EdgeCalibration
 from racer_rs.errors import InvalidArgumentError
 from racer_rs.integrations._payoff import StepCost, chosen_lengths
-from racer_rs.integrations._shared import copy_logit_order, in_vocab, topk_rows
+from racer_rs.integrations._shared import copy_logit_order, in_vocab, rows_in_vocab, topk_rows
 from racer_rs.integrations.options import ServingOptions
 
 __all__ = ["FALLBACK_VOCAB", "RacerProposer"]
@@ -191,6 +191,7 @@ class RacerProposer:
         self._candidates: _Chains | None = None
         self._best = np.zeros(0, dtype=np.int64)
         self._sources = np.zeros(0, dtype=np.int64)  # each candidate's source
+        self._edges = np.zeros(0, dtype=np.float32)  # the calibrated edges they were chosen by
         #: Per source, the drafted tokens its chosen chains committed and the calibrated edges
         #: expected: choosing the likeliest of several chains favours the one whose estimate
         #: came out high, and each source's estimates err their own way.
@@ -382,7 +383,7 @@ class RacerProposer:
         n, best = np.arange(len(learning)), self._best[slots]
         drafted = np.array([len(c.chain) for c in learning], dtype=np.int64)
         committed = np.minimum(matched[best, n], drafted)
-        probs = self.calibration.probabilities()[cells[best, n]] * (depth < drafted[:, None])
+        probs = self._edges[cells[best, n]] * (depth < drafted[:, None])
         expected = np.cumprod(probs, axis=1).sum(axis=1)
         sources = self._sources[best]
         self.source_committed *= _SOURCE_DECAY
@@ -433,6 +434,7 @@ class RacerProposer:
         # Every candidate is kept: what each would have committed is known after the step, so
         # every source's cells learn, not only the chosen one's.
         self._candidates, self._best, self._sources = (tokens, cells, valid), best, np.array(sources)
+        self._edges = edges
         self.stats["shared_chains"] += int((self._sources[best] == _SHARED).sum())
         at = np.arange(len(draft_rows))
         tokens, cells, valid = tokens[best, at], cells[best, at], valid[best, at]
@@ -568,15 +570,15 @@ class RacerProposer:
         ids = np.asarray(ids_t.cpu())
         probs = None if probs_t is None else np.clip(np.asarray(probs_t.float().cpu()), 0.0, 1.0)
         assert self.vocab_size is not None
+        fits = rows_in_vocab(ids, self.vocab_size)
         for c in continued:
             if not c.request.drafting or c.request.key not in pool:
                 continue
             nodes = np.array([c.root, *c.chain], dtype=np.int64)
             order = copy_logit_order(len(nodes), range(len(c.sampled)))
-            rows = ids[c.first_row + order]
-            if in_vocab(rows, self.vocab_size):
-                written = None if probs is None else probs[c.first_row + order]
-                pool.update_topk(c.request.key, nodes[order], rows, written)
+            at = c.first_row + order
+            if fits[at].all():
+                pool.update_topk(c.request.key, nodes[order], ids[at], None if probs is None else probs[at])
         self.stats["logit_steps"] += 1
 
 
