@@ -188,3 +188,26 @@ def test_a_source_whose_chosen_chains_committed_far_less_than_expected_loses_the
     proposer, drafts, truths = draft_after_shared_bigrams(ServingOptions(use_logits=False), Discredited)
     assert all(d[:1] != t[:1] for d, t in zip(drafts[2:], truths[2:], strict=True)), drafts
     assert proposer.source_committed[integration._OWN] == 0
+
+
+def test_the_proposer_drafts_after_a_one_token_match_unless_the_options_name_min_depth(engine_free, monkeypatch):
+    # The root token 5 occurred once before, followed by 7, after another token than now: only
+    # a one-token match (the proposer's default min_depth, RACER_DEFAULTS) continues it.
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=K),
+        model_config=SimpleNamespace(max_model_len=MAX_LEN, get_vocab_size=lambda: VOCAB),
+    )
+    context = [5, 7, *range(100, 130), 5]
+
+    def first_draft(options: str) -> tuple[RacerProposer, list[int]]:
+        monkeypatch.setenv("RACER_RS_OPTIONS", options)
+        proposer = RacerProposer(config)
+        return proposer, Batch(proposer).step([context], [[5]])[0]
+
+    proposer, drafted = first_draft('{"use_logits": false}')
+    assert proposer.options.racer.min_depth == integration.RACER_DEFAULTS["min_depth"] == 1
+    assert drafted[:1] == [7], drafted
+    proposer, drafted = first_draft('{"use_logits": false, "min_depth": 2}')
+    assert proposer.options.racer.min_depth == 2 and drafted == []
+    # SGLang's options (no engine defaults) and options given in code keep RacerOptions' 2.
+    assert ServingOptions.from_env({}).racer.min_depth == ServingOptions().racer.min_depth == 2

@@ -101,8 +101,12 @@ class ServingOptions:
         self.pool(self.vocab_size or 1)
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> ServingOptions:
-        """The options from a flat mapping (RACER's options and this record's fields by name)."""
+    def from_mapping(
+        cls, values: Mapping[str, Any], *, racer_defaults: Mapping[str, Any] | None = None
+    ) -> ServingOptions:
+        """The options from a flat mapping (RACER's options and this record's fields by name);
+        RACER's options it does not name take ``racer_defaults`` (an engine's own defaults),
+        then :class:`~racer_rs.drafters.racer.RacerOptions`'."""
         if not isinstance(values, Mapping) or not all(isinstance(key, str) for key in values):
             raise InvalidTypeError(f"the options must be a mapping of option names, got {type(values).__name__}")
         own = {f.name for f in dataclasses.fields(cls)} - {"racer"}
@@ -110,12 +114,15 @@ class ServingOptions:
         if unknown:
             accepted = ", ".join(sorted(own | set(_RACER_KEYS)))
             raise InvalidArgumentError(f"unknown option(s) {', '.join(unknown)}; accepted: {accepted}")
-        racer = RacerOptions(**{k: v for k, v in values.items() if k in _RACER_KEYS})
-        return cls(racer=racer, **{k: v for k, v in values.items() if k in own})
+        racer = {**(racer_defaults or {}), **{k: v for k, v in values.items() if k in _RACER_KEYS}}
+        return cls(racer=RacerOptions(**racer), **{k: v for k, v in values.items() if k in own})
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServingOptions:
-        """The options in ``$RACER_RS_OPTIONS`` (the defaults when it is unset or empty).
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, racer_defaults: Mapping[str, Any] | None = None
+    ) -> ServingOptions:
+        """The options in ``$RACER_RS_OPTIONS`` (the defaults when it is unset or empty;
+        ``racer_defaults`` as in :meth:`from_mapping`).
 
         Raises:
             InvalidArgumentError: one line naming the variable, if it is not a JSON object of
@@ -128,7 +135,7 @@ class ServingOptions:
             raise InvalidTypeError(f"{ENV_VAR} must be a str, got {type(text).__name__}")
         text = text.strip()
         if not text:
-            return cls()
+            text = "{}"
         try:
             values = json.loads(text, object_pairs_hook=_no_repeated_keys)
         except json.JSONDecodeError as exc:
@@ -138,7 +145,7 @@ class ServingOptions:
         if not isinstance(values, dict):
             raise InvalidArgumentError(f"{ENV_VAR} must be a JSON object, got {type(values).__name__}")
         try:
-            return cls.from_mapping(values)
+            return cls.from_mapping(values, racer_defaults=racer_defaults)
         except (RacerError, TypeError) as exc:
             raise InvalidArgumentError(f"{ENV_VAR}: {exc}") from None
 
