@@ -54,8 +54,9 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -82,7 +83,7 @@ FALLBACK_VOCAB = 1 << 18
 #: replay (SmolLM2-135M-Instruct, 16 prompts, against ``min_depth`` 2; README): 92.84 against
 #: 91.19 tokens/s at concurrency 8, 64.97 against 65.21 and 71.01 against 69.40 at 4 (two prompt
 #: sets), 22.66 against 22.75 at 1.
-RACER_DEFAULTS = {"min_depth": CALIBRATED_MIN_DEPTH}
+RACER_DEFAULTS: Mapping[str, Any] = MappingProxyType({"min_depth": CALIBRATED_MIN_DEPTH})
 #: Logits calls kept between two ``propose`` calls (more than one is already ambiguous).
 _MAX_RECORDS = 4
 #: The candidate chains' sources: the tree's deepest path, the request's own longest-match
