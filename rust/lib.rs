@@ -7,6 +7,7 @@ mod crc32;
 pub mod draft;
 pub mod edge_cells;
 pub mod error;
+pub mod isotonic;
 pub mod logits_summary;
 pub mod logits_table;
 pub mod lookup;

@@ -305,6 +305,9 @@ trait Kernel {
     fn offer_above(buf: &[f32], base: usize, top: &mut TopK);
     /// `sum(exp(x * scale - m))` over `buf` (every `x * scale <= m`, none NaN, `m` finite).
     fn exp_sum(buf: &[f32], scale: f32, m: f32) -> f32;
+    /// Offers `top` every logit of `row` that can enter it (NaN included), in one pass and
+    /// without a copy: the top-k alone needs no chunk maximum.
+    fn offer_row<T: Logit>(row: &[T], top: &mut TopK);
 }
 
 /// Plain Rust over lane arrays (auto-vectorised as the target allows).
@@ -324,6 +327,11 @@ impl Kernel for Portable {
     #[inline(always)]
     fn exp_sum(buf: &[f32], scale: f32, m: f32) -> f32 {
         exp_sum::<false>(buf, scale, m)
+    }
+
+    #[inline(always)]
+    fn offer_row<T: Logit>(row: &[T], top: &mut TopK) {
+        offer_row(row, top);
     }
 }
 
@@ -369,6 +377,10 @@ fn row_pass<T: Logit, K: Kernel, const LSE: bool>(
     top: &mut TopK,
     buf: &mut [f32; CHUNK],
 ) -> f32 {
+    if !LSE {
+        K::offer_row(row, top);
+        return 0.0;
+    }
     let mut m = f32::NEG_INFINITY; // running maximum of the scaled logits
     let mut sum = 0.0f32; // sum of exp(x * scale - m) so far
     let mut nan = false;
@@ -386,8 +398,8 @@ fn row_pass<T: Logit, K: Kernel, const LSE: bool>(
         if !top.full() || cmax > top.threshold() {
             K::offer_above(buf, base, top);
         }
-        if nan || !LSE {
-            continue; // the logsumexp is NaN anyway, or not wanted
+        if nan {
+            continue; // the logsumexp is NaN anyway
         }
         let cm = cmax * scale;
         if cm > m {
@@ -469,6 +481,40 @@ fn offer_above(buf: &[f32], base: usize, top: &mut TopK) {
     }
 }
 
+/// `x` may enter a full top k whose k-th value is `t`: larger, or either one NaN (`offer`
+/// decides then; a NaN threshold admits nothing).
+#[inline(always)]
+fn may_enter(x: f32, t: f32) -> bool {
+    x > t || x.is_nan() || t.is_nan()
+}
+
+/// Offers `top` the logits of `row` that can enter it: a block of lanes is looked at one by one
+/// only if one of them may beat the current threshold.
+#[inline(always)]
+fn offer_row<T: Logit>(row: &[T], top: &mut TopK) {
+    let mut blocks = row.chunks_exact(LANES);
+    let mut start = 0;
+    for block in &mut blocks {
+        let beats = !top.full() || {
+            let t = top.threshold();
+            let mut any = false;
+            for &x in block {
+                any |= may_enter(x.to_f32(), t);
+            }
+            any
+        };
+        if beats {
+            for (i, &x) in block.iter().enumerate() {
+                top.offer(x.to_f32(), start + i);
+            }
+        }
+        start += LANES;
+    }
+    for (i, &x) in blocks.remainder().iter().enumerate() {
+        top.offer(x.to_f32(), start + i);
+    }
+}
+
 /// `sum(exp(x * scale - m))` over `buf` (every `x * scale <= m`, none NaN). The product is
 /// rounded before the subtraction (no FMA), as `m` was: the maximum's term is exactly 1, so the
 /// sum is at least 1 and no probability exceeds 1.
@@ -497,7 +543,7 @@ fn exp_sum<const FMA: bool>(buf: &[f32], scale: f32, m: f32) -> f32 {
 mod avx2 {
     use super::{Kernel, Logit, TopK, exp_nonpositive};
     use std::arch::x86_64::{
-        __m128i, __m256, _CMP_GT_OQ, _CMP_UNORD_Q, _mm_loadu_si128, _mm256_add_epi32,
+        __m128i, __m256, _CMP_GT_OQ, _CMP_NLE_UQ, _CMP_UNORD_Q, _mm_loadu_si128, _mm256_add_epi32,
         _mm256_add_ps, _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmp_ps,
         _mm256_cvtepu16_epi32, _mm256_fmadd_ps, _mm256_fnmadd_ps, _mm256_loadu_ps, _mm256_max_ps,
         _mm256_movemask_ps, _mm256_mul_ps, _mm256_or_ps, _mm256_set1_epi32, _mm256_set1_ps,
@@ -524,6 +570,12 @@ mod avx2 {
         fn exp_sum(buf: &[f32], scale: f32, m: f32) -> f32 {
             // SAFETY: as above.
             unsafe { exp_sum(buf, scale, m) }
+        }
+
+        #[inline(always)]
+        fn offer_row<T: Logit>(row: &[T], top: &mut TopK) {
+            // SAFETY: as above.
+            unsafe { offer_row(row, top) }
         }
     }
 
@@ -607,6 +659,72 @@ mod avx2 {
             i += 8;
         }
         super::offer_above(&buf[whole..], base + whole, top);
+    }
+
+    /// Lanes of 8 logits that may enter a full top k whose k-th value is in every lane of
+    /// `t`, as a bit mask (`super::may_enter`: larger, or NaN on either side).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn entering(v: __m256, t: __m256) -> i32 {
+        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLE_UQ>(v, t))
+    }
+
+    /// Offers `top` the lanes of `mask` among 8 logits from `row[at..]`.
+    #[inline]
+    fn offer_lanes<T: Logit>(row: &[T], at: usize, mask: i32, top: &mut TopK) {
+        let mut bits = mask;
+        while bits != 0 {
+            #[allow(clippy::cast_sign_loss)] // a set bit of an 8-bit mask
+            let lane = bits.trailing_zeros() as usize;
+            top.offer(row[at + lane].to_f32(), at + lane);
+            bits &= bits - 1;
+        }
+    }
+
+    /// The row in blocks of 32 logits (four registers, one test of their masks together), the
+    /// threshold reloaded only after a block offered something.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn offer_row<T: Logit>(row: &[T], top: &mut TopK) {
+        let n = row.len();
+        let mut i = 0;
+        while i < n && !top.full() {
+            top.offer(row[i].to_f32(), i);
+            i += 1;
+        }
+        if i == n {
+            return;
+        }
+        let mut t = _mm256_set1_ps(top.threshold());
+        while i + 32 <= n {
+            // SAFETY: i + 32 <= n.
+            let masks = unsafe {
+                [
+                    entering(load8(row, i), t),
+                    entering(load8(row, i + 8), t),
+                    entering(load8(row, i + 16), t),
+                    entering(load8(row, i + 24), t),
+                ]
+            };
+            if masks.iter().any(|&m| m != 0) {
+                for (j, &mask) in masks.iter().enumerate() {
+                    offer_lanes(row, i + 8 * j, mask, top);
+                }
+                t = _mm256_set1_ps(top.threshold());
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n.
+            let mask = entering(unsafe { load8(row, i) }, t);
+            if mask != 0 {
+                offer_lanes(row, i, mask, top);
+                t = _mm256_set1_ps(top.threshold());
+            }
+            i += 8;
+        }
+        for (at, x) in row.iter().enumerate().skip(i) {
+            top.offer(x.to_f32(), at);
+        }
     }
 
     /// Cephes' `expf` on 8 lanes, as [`exp_nonpositive`].
@@ -873,6 +991,59 @@ mod tests {
         assert_eq!(ids, vec![1, 3]);
         assert!(logits_topk(&bits, 1, 4, 5, &mut [0; 5]).is_err());
         assert!(logits_topk(&bits, 2, 4, 1, &mut [0; 1]).is_err());
+    }
+
+    /// The top-k ids alone from `K`'s loops (no probabilities).
+    fn topk_by<K: Kernel>(r: &[f32], k: usize) -> Vec<i64> {
+        let (mut ids, mut greedy) = (vec![0; k], vec![0]);
+        all_rows::<f32, K>(r, r.len(), k, 1.0, &mut ids, None, &mut greedy);
+        assert_eq!(greedy[0], ids[0]);
+        ids
+    }
+
+    #[test]
+    fn topk_alone_matches_the_reference_on_ties_nans_and_infinities() {
+        let mut cases = Vec::new();
+        for (seed, len, levels) in [
+            (21, 49152, 100_000),
+            (22, 3001, 20),
+            (23, 33, 3),
+            (24, 9, 2),
+        ] {
+            let r = row(seed, len, levels, 10.0);
+            cases.push(r.clone());
+            let mut nans = r.clone();
+            for at in [len / 3, len - 1, len / 7] {
+                nans[at] = f32::NAN;
+            }
+            cases.push(nans);
+            let mut inf = r;
+            inf[len / 2] = f32::INFINITY;
+            inf[len / 5] = f32::NEG_INFINITY;
+            cases.push(inf);
+        }
+        cases.push(vec![f32::NEG_INFINITY; 100]);
+        cases.push(vec![f32::NAN; 40]);
+        // Rising values: every block offers (the threshold moves all the time).
+        #[allow(clippy::cast_precision_loss)]
+        cases.push((0..5000).map(|i| i as f32 * 0.5).collect());
+        for r in &cases {
+            for k in [1, 3, 8].into_iter().filter(|&k| k <= r.len()) {
+                let want: Vec<i64> = reference(r, k, 1.0).0.iter().map(|&i| i as i64).collect();
+                assert_eq!(
+                    topk_by::<Portable>(r, k),
+                    want,
+                    "portable, len {} k {k}",
+                    r.len()
+                );
+                #[cfg(target_arch = "x86_64")]
+                if has_avx2() {
+                    let mut ids = vec![0; k];
+                    logits_topk(r, 1, r.len(), k, &mut ids).unwrap();
+                    assert_eq!(ids, want, "avx2, len {} k {k}", r.len());
+                }
+            }
+        }
     }
 
     #[test]

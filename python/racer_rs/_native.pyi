@@ -32,6 +32,7 @@ __all__ = [
     "edge_cell_shared_counterparts",
     "logits_summary",
     "logits_topk",
+    "monotone_fit",
     "prompt_lookup",
 ]
 
@@ -410,6 +411,22 @@ def edge_cell_groups() -> npt.NDArray[np.int32]:
     """``int32[EDGE_CELLS]``: the monotone group of every edge cell (``-1``: none). Within a
     group, cells stand for ascending raw estimates (copy-logit probability buckets, a retrieval
     block's buckets at one match length): a calibration keeps each group non-decreasing."""
+
+def monotone_fit(
+    values: npt.ArrayLike,
+    weights: npt.ArrayLike,
+    groups: _TokenArray,
+) -> npt.NDArray[np.float64]:
+    """``float64[n]``: ``values`` made non-decreasing, in index order, within each group of
+    ``groups`` (``-1``: none; a group's cells need not be contiguous) by the weighted isotonic
+    fit (pool adjacent violators), the GIL released. Each group keeps its weighted mean.
+
+    Raises:
+        InvalidArgumentError: the lengths differ, a value is not finite or a weight is not a
+            finite positive number.
+        TypeError: an argument is not a 1-D float (``values``, ``weights``) or int (``groups``)
+            array or list.
+    """
 
 def edge_cell_priors() -> npt.NDArray[np.float32]:
     """``float32[EDGE_CELLS]``: the raw acceptance estimate each edge cell stands for, a prior

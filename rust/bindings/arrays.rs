@@ -292,6 +292,33 @@ pub(crate) fn prob_vector(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f32
     Ok(values.into_iter().map(|p| p as f32).collect())
 }
 
+/// Extract a 1-D float32/float64 array (or a list of floats) as float64 values.
+pub(crate) fn float_vector(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f64>> {
+    if let Ok(a) = obj.cast::<PyUntypedArray>() {
+        if a.ndim() != 1 {
+            return Err(value_error(
+                arg,
+                format!("expected a 1-D array, got shape {:?}", a.shape()),
+            ));
+        }
+        if let Ok(v) = obj.extract::<PyReadonlyArray1<'_, f64>>() {
+            return converted(arg, v.len(), v.as_array().iter().copied(), Ok);
+        }
+        if let Ok(v) = obj.extract::<PyReadonlyArray1<'_, f32>>() {
+            return converted(arg, v.len(), v.as_array().iter(), |&x| Ok(f64::from(x)));
+        }
+        return Err(type_error(format!(
+            "{arg}: expected a float32 or float64 array, got dtype {}",
+            dtype_name(a)
+        )));
+    }
+    obj.extract().map_err(|_| {
+        type_error(format!(
+            "{arg}: expected a 1-D float array or a list of floats"
+        ))
+    })
+}
+
 /// A Python int argument that must be a token id (non-negative int32).
 pub(crate) fn token_id(value: Int, arg: &str) -> PyResult<i32> {
     let value = value.get(arg)?;

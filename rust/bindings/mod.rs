@@ -21,7 +21,9 @@ mod _native {
     #[pymodule_export]
     use super::draft::build_draft_tree;
     #[pymodule_export]
-    use super::edge_cells::{edge_cell_groups, edge_cell_priors, edge_cell_shared_counterparts};
+    use super::edge_cells::{
+        edge_cell_groups, edge_cell_priors, edge_cell_shared_counterparts, monotone_fit,
+    };
     #[pymodule_export]
     use super::logits_summary::{logits_summary, logits_topk};
     #[pymodule_export]

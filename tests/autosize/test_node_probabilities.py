@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from racer_rs import EDGE_CELLS, Automaton, LogitsTable, build_draft_tree, edge_cell_priors
 from racer_rs._native import edge_cell_groups
 from racer_rs.autosize.calibration import PRIOR_WEIGHT, EdgeCalibration, monotone_fit, path_probabilities
+from racer_rs.errors import InvalidArgumentError
 
 #: The scored build's retrieval cells (``EDGE_CELLS``' docstring): the request's own block, by
 #: match length 1-8 (rows) and the count estimate in tenths (columns).
@@ -124,7 +125,7 @@ def test_retrieval_nodes_carry_the_count_estimate_of_their_parent_string(stream,
 
 def observe_and_read(calibration: EdgeCalibration, rounds: list[list[tuple[int, int, int]]]) -> None:
     """Counts ``(cell, tried, accepted)`` round by round, reading the probabilities after each
-    round (each read refits only the groups counted in since the last)."""
+    round (a read after new counts refits, one without them returns the cached fit)."""
     for counts in rounds:
         for cell, tried, accepted in counts:
             calibration.observe(np.full(tried, cell), np.arange(tried) < accepted)
@@ -151,21 +152,71 @@ def test_refitting_the_counted_groups_gives_the_whole_fit(rounds):
     assert np.allclose(calibration.probabilities(), calibrated_oracle(calibration), atol=1e-6)
 
 
-def test_a_refit_that_forgets_the_counted_groups_fails_the_check(monkeypatch):
+def test_a_fit_cached_across_new_counts_fails_the_check(monkeypatch):
     rounds = [[(120, 10, 9)], [(121, 10, 1), (5, 4, 0)]]  # two cells of one group, then one alone
     calibration = EdgeCalibration()
     observe_and_read(calibration, rounds)
     assert np.allclose(calibration.probabilities(), calibrated_oracle(calibration), atol=1e-6)
     original = EdgeCalibration.observe
 
-    def observe_unmarked(self, cells, accepted):
+    def observe_keeping_the_cache(self, cells, accepted):
+        cached = self._probabilities
         original(self, cells, accepted)
-        self._stale[:] = False  # the counts change, no group is marked for the refit
+        self._probabilities = cached  # the counts change, the old fit is still served
 
-    monkeypatch.setattr(EdgeCalibration, "observe", observe_unmarked)
+    monkeypatch.setattr(EdgeCalibration, "observe", observe_keeping_the_cache)
     broken = EdgeCalibration()
     observe_and_read(broken, rounds)
     assert not np.allclose(broken.probabilities(), calibrated_oracle(broken), atol=1e-6)
+
+
+@st.composite
+def grouped_values(draw):
+    """Values, positive weights and groups (-1 to 3, interleaved) of one length."""
+    n = draw(st.integers(0, 24))
+    unit = st.floats(0.0, 1.0, allow_nan=False)
+    values = draw(st.lists(unit, min_size=n, max_size=n))
+    weights = draw(st.lists(st.floats(0.01, 50.0), min_size=n, max_size=n))
+    groups = draw(st.lists(st.integers(-1, 3), min_size=n, max_size=n))
+    return np.array(values), np.array(weights), np.array(groups)
+
+
+def fit_oracle(values: np.ndarray, weights: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    out = values.copy()
+    for group in set(groups.tolist()) - {-1}:
+        cells = np.flatnonzero(groups == group)
+        out[cells] = isotonic_oracle(values[cells].tolist(), weights[cells].tolist())
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(grouped_values())
+def test_the_native_fit_is_the_weighted_isotonic_fit_of_each_group(case):
+    values, weights, groups = case
+    fitted = monotone_fit(values, weights, groups)
+    assert fitted.dtype == np.float64 and fitted.shape == values.shape
+    assert np.allclose(fitted, fit_oracle(values, weights, groups), atol=1e-9)
+
+
+def test_an_unweighted_fit_fails_the_oracle():
+    """The check above can fail: a fit that forgets the weights is not the oracle's."""
+    values, weights, groups = np.array([0.8, 0.2]), np.array([1.0, 3.0]), np.array([0, 0])
+    assert np.allclose(monotone_fit(values, weights, groups), fit_oracle(values, weights, groups))
+    assert not np.allclose(monotone_fit(values, np.ones(2), groups), fit_oracle(values, weights, groups))
+
+
+@pytest.mark.parametrize(
+    ("values", "weights", "groups", "match"),
+    [
+        ([0.1, 0.2], [1.0], [0, 0], "one length"),
+        ([0.1], [0.0], [0], "positive"),
+        ([0.1], [float("nan")], [0], "positive"),
+        ([float("inf")], [1.0], [0], "finite"),
+    ],
+)
+def test_the_fit_refuses_bad_input_with_one_clear_error(values, weights, groups, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        monotone_fit(np.array(values), np.array(weights), np.array(groups))
 
 
 @settings(max_examples=80, deadline=None)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from racer_rs._native import EDGE_CELLS, DraftTree, edge_cell_groups, edge_cell_priors
+from racer_rs._native import monotone_fit as _monotone_fit
 from racer_rs.errors import InvalidArgumentError
 
 #: Weight of a cell's prior, in observations: small, since the priors are raw estimates that
@@ -61,9 +62,6 @@ class EdgeCalibration:
         self.expected_extra = 0.0
         self.committed_extra = 0.0
         self._probabilities: np.ndarray | None = None  # cached until the counts change
-        # The last fit (float64) and the cells counted since: only their groups are refitted.
-        self._fit: np.ndarray | None = None
-        self._stale = np.zeros(EDGE_CELLS, dtype=bool)
 
     def extra_scale(self) -> float:
         """Drafted tokens committed per drafted token the uncorrected estimates expected."""
@@ -81,18 +79,7 @@ class EdgeCalibration:
         if self._probabilities is None:
             weights = self.tried + PRIOR_WEIGHT
             smoothed = (self.accepted + PRIOR_WEIGHT * self.priors) / weights
-            if self._fit is None:
-                self._fit = monotone_fit(smoothed, weights, _GROUPS)
-            else:
-                # A group's fit depends on its own cells only: refit the groups counted in
-                # (a vLLM step counts a few of the 33; all of them took 0.6 ms a step).
-                stale = self._stale
-                self._fit[stale & (_GROUPS < 0)] = smoothed[stale & (_GROUPS < 0)]
-                for group in np.unique(_GROUPS[stale & (_GROUPS >= 0)]):
-                    cells = _GROUP_CELLS[group]
-                    self._fit[cells] = isotonic(smoothed[cells], weights[cells])
-            self._stale[:] = False
-            self._probabilities = self._fit.astype(np.float32)
+            self._probabilities = monotone_fit(smoothed, weights, _GROUPS).astype(np.float32)
             self._probabilities.flags.writeable = False
         return self._probabilities
 
@@ -101,7 +88,6 @@ class EdgeCalibration:
         cells = np.asarray(cells, dtype=np.int64)
         np.add.at(self.tried, cells, 1.0)
         np.add.at(self.accepted, cells, np.asarray(accepted, dtype=np.float64))
-        self._stale[cells] = True
         self._probabilities = None
 
     def observe_step(self, tree: DraftTree, path: np.ndarray, bonus: int) -> None:
@@ -161,41 +147,30 @@ class EdgeCalibration:
             raise InvalidArgumentError("calibration state holds invalid totals")
         scale = np.minimum(1.0, cap / np.maximum(tried, 1e-9))
         self.accepted, self.tried = accepted * scale, tried * scale
-        self._probabilities = self._fit = None
+        self._probabilities = None
         shrink = min(1.0, SCALE_WARM_START_CAP / max(expected, 1e-9))
         self.expected_extra, self.committed_extra = expected * shrink, committed * shrink
 
 
 #: Every cell's monotone group (-1: none), from the Rust core's cell layout.
-_GROUPS = edge_cell_groups().astype(np.int64)
-#: Each group's cells, in index order.
-_GROUP_CELLS = {int(group): np.flatnonzero(np.equal(_GROUPS, group)) for group in np.unique(_GROUPS[_GROUPS >= 0])}
+_GROUPS = edge_cell_groups()
 
 
 def monotone_fit(values: np.ndarray, weights: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """``values`` made non-decreasing (in index order) within each group of ``groups`` by a
-    weighted isotonic fit (:func:`isotonic`); cells of group -1 are left as they are.
+    """``float64``: ``values`` made non-decreasing (in index order) within each group of
+    ``groups`` by the weighted isotonic fit (pool adjacent violators, in the Rust core: a vLLM
+    proposer refits every call); cells of group -1 are left as they are.
 
     The fit moves no weighted mass between groups: each group's weighted mean is kept.
+
+    Raises:
+        InvalidArgumentError: the lengths differ, a value is not finite or a weight is not
+            positive and finite.
     """
-    out = np.array(values, dtype=np.float64)
-    for group in np.unique(groups[groups >= 0]):
-        cells = np.flatnonzero(groups == group)
-        out[cells] = isotonic(out[cells], weights[cells])
-    return out
-
-
-def isotonic(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """The weighted isotonic (non-decreasing) fit of ``values`` by pool adjacent violators."""
-    # Blocks of pooled cells: each a (weighted mean, weight, cell count), merged leftwards
-    # while a block's mean is below the one before it.
-    blocks: list[list[float]] = []
-    for value, weight in zip(values.tolist(), weights.tolist(), strict=True):
-        blocks.append([value, weight, 1.0])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (v2, w2, n2), (v1, w1, n1) = blocks.pop(), blocks.pop()
-            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return np.repeat([b[0] for b in blocks], [int(b[2]) for b in blocks])
+    fitted: np.ndarray = _monotone_fit(
+        np.asarray(values, dtype=np.float64), np.asarray(weights, dtype=np.float64), np.asarray(groups, dtype=np.int64)
+    )
+    return fitted
 
 
 def path_probabilities(tree: DraftTree, edge_probabilities: np.ndarray) -> np.ndarray:

@@ -30,13 +30,16 @@ class StepCost:
 
     def __init__(self) -> None:
         self.weight = 0.0
-        self._sums = np.zeros(5)  # decayed sums of x, y, x*x, x*y (x tokens, y seconds) and 1
+        # Decayed sums of x, y, x*x and x*y (x tokens, y seconds); the weight is the sum of 1.
+        # Plain floats: the proposer updates them every step, where numpy's overhead showed.
+        self._sums = (0.0, 0.0, 0.0, 0.0)
 
     def observe(self, tokens: int, seconds: float) -> None:
         """Count one step of ``tokens`` verified tokens that took ``seconds``."""
         x, y = float(tokens), float(seconds)
-        self._sums = self._sums * DECAY + np.array([x, y, x * x, x * y, 1.0])
-        self.weight = float(self._sums[4])
+        sx, sy, sxx, sxy = self._sums
+        self._sums = (sx * DECAY + x, sy * DECAY + y, sxx * DECAY + x * x, sxy * DECAY + x * y)
+        self.weight = self.weight * DECAY + 1.0
 
     def predicted(self, tokens: int) -> float:
         a, b = self.coefficients()
@@ -44,7 +47,7 @@ class StepCost:
 
     def coefficients(self) -> tuple[float, float]:
         """``(a, b)``: seconds per step and per verified token (``(1, PRIOR_RATIO)`` before any step)."""
-        sx, sy, sxx, sxy, w = self._sums
+        (sx, sy, sxx, sxy), w = self._sums, self.weight
         if w <= 0:
             return 1.0, PRIOR_RATIO
         mx, my = sx / w, sy / w
