@@ -3,6 +3,7 @@
 
 pub mod alloc;
 pub mod automaton;
+pub mod chains;
 mod crc32;
 pub mod draft;
 pub mod edge_cells;

@@ -27,6 +27,8 @@ __all__ = [
     "LogitsTable",
     "__version__",
     "build_draft_tree",
+    "chain_outcomes",
+    "choose_chains",
     "edge_cell_groups",
     "edge_cell_priors",
     "edge_cell_shared_counterparts",
@@ -405,6 +407,80 @@ def build_draft_tree(
             ``0..table.vocab_size`` (the automaton it came from, named ``automaton`` or
             ``shared``, holds another tokenizer's ids).
         TypeError: if an argument has the wrong type.
+    """
+
+def choose_chains(
+    tokens: npt.NDArray[np.int32],
+    cells: npt.NDArray[np.int32],
+    edges: npt.NDArray[np.float32],
+    scales: npt.ArrayLike,
+    budgets: _TokenArray,
+    requests: int,
+    cost: tuple[float, float] | None,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Each request's draft chain among candidates, cut to the tokens that pay.
+
+    A token at chain position ``j`` is accepted with the product of its chain's calibrated edge
+    probabilities up to ``j`` (float32 products); candidate ``c``'s chains are expected to
+    commit ``scales[c]`` times the sum of theirs.
+
+    Args:
+        tokens: ``int32[candidates, rows, k]``, C-contiguous: each request's candidate chains,
+            a chain ending at its first negative id.
+        cells: ``int32[candidates, rows, k]``: each chain token's edge cell (read only up to
+            its chain's end).
+        edges: ``float32[cells]``: each cell's calibrated acceptance probability.
+        scales: per candidate, a non-negative factor on its expectations.
+        budgets: per row, most tokens it may draft (``>= 0``).
+        requests: requests in the step (each verifies one token whether it drafts or not).
+        cost: ``(a, b)``: a step verifying ``n`` tokens takes ``a + b * n`` seconds; ``None``:
+            no cut, every chain token within the budget.
+
+    Returns:
+        ``(best, lengths)``, each ``int64[rows]``: the candidate whose scaled expectation is
+        highest (the first on ties), and how many of its first tokens to draft: with a cost,
+        the most probable tokens across the batch (path probability times its candidate's
+        scale, at most 1) that maximise ``(requests + sum of p) / (a + b * (requests + n))``,
+        the fewest on ties.
+
+    Raises:
+        InvalidArgumentError: shapes or lengths that do not match, a chain token's cell
+            outside ``edges``, a negative or non-finite scale or budget, or a cost without
+            ``a > 0`` and ``b >= 0`` (finite).
+        TypeError: an argument of the wrong type or dtype.
+    """
+
+def chain_outcomes(
+    tokens: npt.NDArray[np.int32],
+    cells: npt.NDArray[np.int32],
+    edges: npt.NDArray[np.float32],
+    rows: _TokenArray,
+    best: _TokenArray,
+    drafted: _TokenArray,
+    sampled: Sequence[Sequence[int]],
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """What the target's sampled tokens say about the candidate chains of a step's requests
+    (the table of :func:`choose_chains`).
+
+    Args:
+        tokens, cells, edges: as :func:`choose_chains`.
+        rows: per request, its row in the table.
+        best: per request, the candidate it drafted from.
+        drafted: per request, the tokens it drafted (a prefix of that candidate's chain).
+        sampled: per request, the tokens the target sampled after the root (the accepted
+            drafts, then the bonus token).
+
+    Returns:
+        ``(cells, accepted, committed, expected)``: every observed edge's cell (each
+        candidate's chain up to and including its first token that differs from the sampled
+        ones, and none past them; candidate-major, then request) and whether it was accepted;
+        per request, the drafted tokens committed and the drafted tokens its path
+        probabilities expected (unscaled).
+
+    Raises:
+        InvalidArgumentError: as :func:`choose_chains`, lengths that differ, or a row,
+            candidate or drafted length outside the table.
+        TypeError: an argument of the wrong type or dtype.
     """
 
 def edge_cell_groups() -> npt.NDArray[np.int32]:

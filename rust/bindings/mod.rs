@@ -2,6 +2,7 @@
 
 mod arrays;
 mod automaton;
+mod chains;
 mod draft;
 mod edge_cells;
 mod errors;
@@ -18,6 +19,8 @@ use pyo3::prelude::*;
 mod _native {
     #[pymodule_export]
     use super::automaton::PyAutomaton;
+    #[pymodule_export]
+    use super::chains::{chain_outcomes, choose_chains};
     #[pymodule_export]
     use super::draft::build_draft_tree;
     #[pymodule_export]

@@ -1,5 +1,6 @@
-"""`racer_rs.integrations._payoff` and the vLLM proposer's ``adaptive`` drafting: the batch-wide
-choice is the best set of chain prefixes (brute force), the step cost fit recovers a linear cost,
+"""The vLLM proposer's ``adaptive`` drafting (`racer_rs._native.choose_chains` and
+`chain_outcomes`, `racer_rs.integrations._payoff`): the batch-wide cut is the best set of chain
+prefixes (brute force), the outcomes are those of plain loops, the step cost fit recovers a linear cost,
 and a proposer whose drafts are never accepted stops drafting while one whose drafts are accepted
 keeps drafting."""
 
@@ -12,8 +13,10 @@ import numpy as np
 import pytest
 
 from racer_rs import optional_deps
+from racer_rs._native import chain_outcomes, choose_chains
+from racer_rs.errors import InvalidArgumentError
 from racer_rs.integrations import vllm as integration
-from racer_rs.integrations._payoff import StepCost, chosen_lengths
+from racer_rs.integrations._payoff import StepCost
 from racer_rs.integrations.options import ServingOptions
 
 VOCAB = 64
@@ -27,28 +30,147 @@ def brute_force(probs: np.ndarray, requests: int, a: float, b: float) -> float:
     return best
 
 
+def one_candidate(edges: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A table of one candidate whose row ``r`` is a chain of ``lengths[r]`` tokens, each
+    token with a cell of its own whose edge is ``edges[r, j]``; and its path probabilities."""
+    rows, k = edges.shape
+    cells = np.arange(rows * k, dtype=np.int32).reshape(1, rows, k)
+    tokens = np.where(np.arange(k) < lengths[:, None], 7, -1).astype(np.int32)[None]
+    edges32 = edges.astype(np.float32).ravel()
+    probs = np.cumprod(edges.astype(np.float32), axis=1).astype(np.float64) * (np.arange(k) < lengths[:, None])
+    return tokens, cells, edges32, probs
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_chosen_lengths_maximise_tokens_per_second(seed):
     rng = np.random.default_rng(seed)
     rows, k = int(rng.integers(1, 4)), 3
     edges = rng.uniform(0.05, 1.0, (rows, k))
-    probs = np.cumprod(edges, axis=1) * (np.arange(k) < rng.integers(0, k + 1, rows)[:, None])
+    tokens, cells, edges32, probs = one_candidate(edges, rng.integers(0, k + 1, rows))
     a, b = 1.0, float(rng.uniform(0.01, 0.5))
     requests = rows + int(rng.integers(0, 3))
-    lengths = chosen_lengths(probs, requests, (a, b))
+    best, lengths = choose_chains(tokens, cells, edges32, [1.0], [k] * rows, requests, (a, b))
+    assert best.tolist() == [0] * rows
     gained = sum(float(row[:n].sum()) for row, n in zip(probs, lengths, strict=True))
     rate = (requests + gained) / (a + b * (requests + int(lengths.sum())))
     assert rate == pytest.approx(brute_force(probs, requests, a, b), rel=1e-9)
     assert all(n <= (row > 0).sum() for row, n in zip(probs, lengths, strict=True))
 
 
-def test_chosen_lengths_draft_less_as_the_batch_grows():
-    probs = np.tile(np.cumprod(np.full(8, 0.7)), (8, 1))
+def test_a_cut_by_chain_order_alone_fails_the_brute_force():
+    """The check above can fail: cutting every chain at one depth is not the best set."""
+    edges = np.array([[0.95, 0.9, 0.9], [0.2, 0.9, 0.9]])
+    tokens, cells, edges32, probs = one_candidate(edges, np.array([3, 3]))
+    a, b, requests = 1.0, 0.3, 2
+    _, lengths = choose_chains(tokens, cells, edges32, [1.0], [3, 3], requests, (a, b))
+    assert lengths.tolist() == [3, 0]
+    same_depth = [int(lengths.max())] * 2
+    gained = sum(float(row[:n].sum()) for row, n in zip(probs, same_depth, strict=True))
+    rate = (requests + gained) / (a + b * (requests + sum(same_depth)))
+    assert rate < brute_force(probs, requests, a, b) * (1 - 1e-6)
+
+
+def test_the_cut_drafts_less_as_the_batch_grows():
+    tokens, cells, edges, _ = one_candidate(np.full((8, 8), 0.7), np.full(8, 8))
     cost = (0.060, 0.002)  # about this CPU's: 60 ms a step, 2 ms a token
-    alone = chosen_lengths(probs[:1], 1, cost)
-    full = chosen_lengths(probs, 8, cost)
+    first = (np.ascontiguousarray(tokens[:, :1]), np.ascontiguousarray(cells[:, :1]))
+    _, alone = choose_chains(*first, edges, [1.0], [8], 1, cost)
+    _, full = choose_chains(tokens, cells, edges, [1.0], [8] * 8, 8, cost)
     assert alone.sum() >= 5 and 0 < full.max() < alone.sum()
-    assert chosen_lengths(np.full((8, 8), 0.01), 8, cost).sum() == 0  # none pays: nothing
+    tokens, cells, edges, _ = one_candidate(np.full((8, 8), 0.01), np.full(8, 8))
+    assert choose_chains(tokens, cells, edges, [1.0], [8] * 8, 8, cost)[1].sum() == 0  # none pays
+
+
+def test_the_choice_takes_the_candidate_expected_to_commit_most_after_its_scale():
+    # Two candidates for one row: a long likely chain (cells 0) and a short sure one (cell 1).
+    tokens = np.array([[[1, 2, 3]], [[4, -1, -1]]], dtype=np.int32)
+    cells = np.array([[[0, 0, 0]], [[1, 0, 0]]], dtype=np.int32)
+    edges = np.array([0.8, 1.0], dtype=np.float32)  # 0.8 + 0.64 + 0.512 = 1.952 against 1.0
+    best, lengths = choose_chains(tokens, cells, edges, [1.0, 1.0], [3], 1, None)
+    assert (best.tolist(), lengths.tolist()) == ([0], [3])
+    best, lengths = choose_chains(tokens, cells, edges, [0.5, 1.0], [2], 1, None)
+    assert (best.tolist(), lengths.tolist()) == ([1], [1])
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        ({"cells": np.full((1, 1, 2), 5, dtype=np.int32)}, InvalidArgumentError, "cell"),
+        ({"scales": [-1.0]}, InvalidArgumentError, "scales"),
+        ({"budgets": [-1]}, InvalidArgumentError, "budgets"),
+        ({"cost": (0.0, 1.0)}, InvalidArgumentError, "cost"),
+        ({"cost": (1.0, float("nan"))}, InvalidArgumentError, "cost"),
+        ({"tokens": np.zeros((1, 1, 2), dtype=np.int64)}, TypeError, "int32"),
+        ({"tokens": np.zeros((1, 2, 2), dtype=np.int32)}, InvalidArgumentError, "shape"),
+    ],
+)
+def test_choose_chains_refuses_bad_input_with_one_clear_error(change, error, match):
+    args = {
+        "tokens": np.zeros((1, 1, 2), dtype=np.int32),
+        "cells": np.zeros((1, 1, 2), dtype=np.int32),
+        "edges": np.full(2, 0.5, dtype=np.float32),
+        "scales": [1.0],
+        "budgets": [2],
+        "requests": 1,
+        "cost": (1.0, 0.1),
+    } | change
+    with pytest.raises(error, match=match):
+        choose_chains(*args.values())
+
+
+def chain_outcomes_oracle(tokens, cells, edges, rows, best, drafted, sampled):
+    """The outcomes by plain loops (the proposer's old numpy, unrolled)."""
+    observed, accepted, committed, expected = [], [], [], []
+    for c in range(tokens.shape[0]):
+        for r, s in zip(rows, sampled, strict=True):
+            chain = [int(t) for t in tokens[c, r] if t >= 0]
+            chain = chain[: next((j for j, t in enumerate(tokens[c, r]) if t < 0), len(tokens[c, r]))]
+            matched = 0
+            while matched < min(len(chain), len(s)) and chain[matched] == s[matched]:
+                matched += 1
+            for j in range(min(matched + 1, len(chain), len(s))):
+                observed.append(int(cells[c, r, j]))
+                accepted.append(j < matched)
+    for r, c, n, s in zip(rows, best, drafted, sampled, strict=True):
+        chain = list(tokens[c, r, :n])
+        matched = 0
+        while matched < min(len(chain), len(s)) and chain[matched] == s[matched]:
+            matched += 1
+        committed.append(matched)
+        p, total = np.float32(1.0), 0.0
+        for j in range(n):
+            p = np.float32(p * edges[cells[c, r, j]])
+            total += float(p)
+        expected.append(total)
+    return observed, accepted, committed, expected
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_chain_outcomes_match_the_plain_loops(seed):
+    rng = np.random.default_rng(seed)
+    candidates, rows, k = int(rng.integers(1, 4)), int(rng.integers(1, 5)), 4
+    tokens = rng.integers(0, 3, (candidates, rows, k)).astype(np.int32)
+    ends = rng.integers(0, k + 1, (candidates, rows))
+    tokens[np.arange(k) >= ends[..., None]] = -1
+    cells = rng.integers(0, 6, (candidates, rows, k)).astype(np.int32)
+    edges = rng.uniform(0.1, 1.0, 6).astype(np.float32)
+    picked = rng.permutation(rows)[: int(rng.integers(1, rows + 1))].tolist()
+    best = rng.integers(0, candidates, len(picked)).tolist()
+    drafted = [int(rng.integers(0, ends[c, r] + 1)) for c, r in zip(best, picked, strict=True)]
+    sampled = [rng.integers(0, 3, int(rng.integers(1, k + 2))).tolist() for _ in picked]
+    got = chain_outcomes(tokens, cells, edges, picked, best, drafted, sampled)
+    want = chain_outcomes_oracle(tokens, cells, edges, picked, best, drafted, sampled)
+    assert got[0].tolist() == want[0] and got[1].tolist() == want[1] and got[2].tolist() == want[2]
+    assert got[3] == pytest.approx(want[3], rel=1e-6)
+
+
+def test_chain_outcomes_refuse_a_row_outside_the_table():
+    tokens = np.zeros((1, 1, 2), dtype=np.int32)
+    edges = np.full(1, 0.5, dtype=np.float32)
+    with pytest.raises(InvalidArgumentError, match="outside"):
+        chain_outcomes(tokens, tokens, edges, [1], [0], [0], [[0]])
+    with pytest.raises(InvalidArgumentError, match="one length"):
+        chain_outcomes(tokens, tokens, edges, [0], [0, 0], [0], [[0]])
 
 
 def test_step_cost_recovers_a_linear_cost():

@@ -6,20 +6,21 @@ tokens (one per request plus its drafts). A drafted token at chain position ``j`
 the product of its chain's calibrated edge probabilities up to ``j``
 (:class:`racer_rs.autosize.calibration.EdgeCalibration`), so a step with ``R`` requests that
 verifies the drafted tokens ``S`` is expected to yield ``(R + sum of P over S) / t(R + |S|)``
-tokens per second. :func:`chosen_lengths` keeps the most probable tokens, across the whole batch,
-that maximise it: at one request the fixed cost ``a`` makes nearly any draft pay; at eight, only
-the likely ones do. :class:`StepCost` learns ``a`` and ``b`` from the engine's own step times.
+tokens per second. :func:`racer_rs._native.choose_chains` keeps the most probable tokens, across
+the whole batch, that maximise it: at one request the fixed cost ``a`` makes nearly any draft pay;
+at eight, only the likely ones do. :class:`StepCost` learns ``a`` and ``b`` from the engine's own
+step times.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 #: Prior per-token share of the step, ``b / a``, before timings say otherwise (SmolLM2-135M on
 #: two CPU cores: about 60 ms per step plus 1.5-5 ms per verified token).
 PRIOR_RATIO = 1.0 / 32.0
 #: Weight of the prior slope, in tokens squared of observed spread (small: timings soon win).
 PRIOR_WEIGHT = 64.0
+#: Least seconds per step the fit gives (steps timed at zero, by a stopped clock, still cost).
+_MIN_SECONDS = 1e-9
 #: Per observed step, the older steps' weight is multiplied by this (load changes over time).
 DECAY = 0.995
 
@@ -55,30 +56,4 @@ class StepCost:
         prior = PRIOR_RATIO * my / (1.0 + PRIOR_RATIO * mx)  # the slope making b = r * a at the mean
         slope = (cov * w + PRIOR_WEIGHT * prior) / (var * w + PRIOR_WEIGHT)
         slope = max(slope, 1e-3 * prior)
-        return max(my - slope * mx, slope), slope
-
-
-def chosen_lengths(probs: np.ndarray, requests: int, cost: tuple[float, float]) -> np.ndarray:
-    """Per chain, how many of its first tokens to verify.
-
-    Args:
-        probs: ``float[rows, k]``: each drafted token's acceptance probability, non-increasing
-            along its row, ``0`` past a chain's end (or where drafting is not allowed).
-        requests: requests in the step (each costs one token whether it drafts or not).
-        cost: ``(a, b)`` of :class:`StepCost`.
-
-    Returns:
-        ``int64[rows]``: the prefix lengths that maximise expected tokens per second (ties go to
-        fewer tokens; zeros where no drafted token pays).
-    """
-    a, b = cost
-    rows, depth = np.nonzero(probs > 0)
-    if rows.size == 0:
-        return np.zeros(len(probs), dtype=np.int64)
-    p = probs[rows, depth]
-    order = np.lexsort((depth, -p))  # most probable first; a chain's tokens stay in order
-    gained = np.concatenate([[0.0], np.cumsum(p[order])])
-    n = np.arange(len(gained))
-    rate = (requests + gained) / (a + b * (requests + n))
-    keep = int(np.flatnonzero(rate >= rate.max() * (1 - 1e-9))[0])
-    return np.bincount(rows[order[:keep]], minlength=len(probs)).astype(np.int64)
+        return max(my - slope * mx, slope, _MIN_SECONDS), slope

@@ -62,11 +62,11 @@ from typing import Any
 import numpy as np
 
 from racer_rs import optional_deps
-from racer_rs._native import Automaton, BatchDraft, DraftPool
+from racer_rs._native import Automaton, DraftPool, chain_outcomes, choose_chains
 from racer_rs.autosize.calibration import SCALE_PRIOR, EdgeCalibration
 from racer_rs.drafters.racer import CALIBRATED_MIN_DEPTH
 from racer_rs.errors import InvalidArgumentError
-from racer_rs.integrations._payoff import StepCost, chosen_lengths
+from racer_rs.integrations._payoff import StepCost
 from racer_rs.integrations._shared import copy_logit_order, in_vocab, rows_in_vocab, topk_rows
 from racer_rs.integrations.options import ServingOptions
 
@@ -92,11 +92,6 @@ _TREE, _OWN, _SHARED = 0, 1, 2
 #: Per call, the older evidence of each source's scale is multiplied by this: a source whose
 #: scale came out low and is no longer chosen drifts back towards its calibrated edges.
 _SOURCE_DECAY = 0.995
-
-
-#: Chains of a batch's rows: tokens, edge cells and validity, each ``[rows, k]`` (or
-#: ``[candidates, rows, k]``).
-_Chains = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass
@@ -196,9 +191,9 @@ class RacerProposer:
         self._rows: dict[int, _Request] = {}
         self._next_key = 0
         self._records: list[tuple[Any, Any]] = []
-        # The last call's candidate chains ([candidates, rows, k]; a request's ``slot`` is its
-        # row) and each row's chosen candidate.
-        self._candidates: _Chains | None = None
+        # The last call's candidate chains (tokens and edge cells, each [candidates, rows, k]; a
+        # request's ``slot`` is its row) and each row's chosen candidate.
+        self._candidates: tuple[np.ndarray, np.ndarray] | None = None
         self._best = np.zeros(0, dtype=np.int64)
         self._sources = np.zeros(0, dtype=np.int64)  # each candidate's source
         self._edges = np.zeros(0, dtype=np.float32)  # the calibrated edges they were chosen by
@@ -377,31 +372,19 @@ class RacerProposer:
         learning = [c for c in continued if c.slot >= 0]
         if self._candidates is None or not learning:
             return
-        k = self.k
-        slots = np.array([c.slot for c in learning], dtype=np.int64)
-        tokens, cells, valid = (x[:, slots] for x in self._candidates)  # [candidates, n, k]
-        sampled = np.full((len(learning), k), -2, dtype=np.int64)  # -2: no token (chains hold -1)
-        for j, c in enumerate(learning):
-            sampled[j, : min(len(c.sampled), k)] = c.sampled[:k]
-        counts = np.array([len(c.sampled) for c in learning], dtype=np.int64)
-        matched = np.cumprod(tokens == sampled, axis=2).sum(axis=2)  # [candidates, n]
-        # A chain token past the sampled ones is unknown (a match up to their end is no failure
-        # of the next one).
-        observed = np.minimum(np.minimum(matched + 1, valid.sum(axis=2)), counts)
-        depth = np.arange(k)
-        # The drafted chain, the best candidate's prefix: what it was expected to commit.
-        n, best = np.arange(len(learning)), self._best[slots]
-        drafted = np.array([len(c.chain) for c in learning], dtype=np.int64)
-        committed = np.minimum(matched[best, n], drafted)
-        probs = self._edges[cells[best, n]] * (depth < drafted[:, None])
-        expected = np.cumprod(probs, axis=1).sum(axis=1)
+        tokens, cells = self._candidates
+        slots = [c.slot for c in learning]
+        best = self._best[slots]
+        # The drafted chain is the best candidate's prefix: what it was expected to commit.
+        observed, accepted, committed, expected = chain_outcomes(
+            tokens, cells, self._edges, slots, best, [len(c.chain) for c in learning], [c.sampled for c in learning]
+        )
         sources = self._sources[best]
         self.source_committed *= _SOURCE_DECAY
         self.source_expected *= _SOURCE_DECAY
         np.add.at(self.source_committed, sources, committed)
         np.add.at(self.source_expected, sources, expected)
-        seen = depth < observed[..., None]
-        self.calibration.observe(cells[seen], (depth < matched[..., None])[seen])
+        self.calibration.observe(observed, accepted)
         self.calibration.record_step(float(expected.sum()), int(committed.sum()))
         self.stats["accepted_tokens"] += int(committed.sum())
 
@@ -427,36 +410,25 @@ class RacerProposer:
         k = self.k
         keys = [rows[i].key for i in draft_rows]
         roots = np.array([rows[i].root for i in draft_rows], dtype=np.int64)
-        candidates = [_table(pool.propose(keys, roots, self.capacity), k)]
+        candidates = [pool.propose(keys, roots, self.capacity).chain_table(k)]
         sources = [_TREE]
         if self.options.adaptive:
             if self.options.use_retrieval:
-                candidates.append(_table(pool.retrieval_chains(keys, roots, k), k))
+                candidates.append(pool.retrieval_chains(keys, roots, k).chain_table(k))
                 sources.append(_OWN)
             if self.shared is not None and len(self.shared):
-                candidates.append(_table(pool.retrieval_chains(keys, roots, k, shared=self.shared), k))
+                candidates.append(pool.retrieval_chains(keys, roots, k, shared=self.shared).chain_table(k))
                 sources.append(_SHARED)
-        tokens, cells, valid = (np.stack(x) for x in zip(*candidates, strict=True))
+        tokens, cells = (np.stack(x) for x in zip(*candidates, strict=True))
         edges = self.calibration.probabilities()
-        scales = self.source_scales()[sources]
-        expected = np.cumprod(np.where(valid, edges[cells], 0.0), axis=2).sum(axis=2) * scales[:, None]
-        best = np.argmax(expected, axis=0)  # the first on ties
+        budgets = [self._budget(int(num_tokens_no_spec[i])) for i in draft_rows]
+        cost = self.step_cost.coefficients() if self.options.adaptive else None
+        best, lengths = choose_chains(tokens, cells, edges, self.source_scales()[sources], budgets, requests, cost)
         # Every candidate is kept: what each would have committed is known after the step, so
         # every source's cells learn, not only the chosen one's.
-        self._candidates, self._best, self._sources = (tokens, cells, valid), best, np.array(sources)
-        self._edges = edges
+        self._candidates, self._best, self._sources, self._edges = (tokens, cells), best, np.array(sources), edges
         self.stats["shared_chains"] += int((self._sources[best] == _SHARED).sum())
-        at = np.arange(len(draft_rows))
-        tokens, cells, valid = tokens[best, at], cells[best, at], valid[best, at]
-        budgets = np.array([self._budget(int(num_tokens_no_spec[i])) for i in draft_rows], dtype=np.int64)
-        allowed = valid & (np.arange(k) < budgets[:, None])
-        if self.options.adaptive:
-            probs = np.cumprod(np.where(valid, edges[cells], 0.0), axis=1)
-            probs = np.minimum(probs * scales[best][:, None], 1.0) * allowed
-            lengths = chosen_lengths(probs, requests, self.step_cost.coefficients())
-        else:
-            lengths = allowed.sum(axis=1)
-        drafts = tokens.tolist()
+        drafts = tokens[best, np.arange(len(draft_rows))].tolist()
         for j, (i, cut) in enumerate(zip(draft_rows, lengths.tolist(), strict=True)):
             request = rows[i]
             request.slot = j
@@ -590,14 +562,6 @@ class RacerProposer:
             if fits[at].all():
                 pool.update_topk(c.request.key, nodes[order], ids[at], None if probs is None else probs[at])
         self.stats["logit_steps"] += 1
-
-
-def _table(draft: BatchDraft, k: int) -> _Chains:
-    """Tokens, edge cells and validity ``[rows, k]`` of each tree's deepest path (one-path
-    trees: the chain), cells ``0`` past a chain's end (indexable, masked by validity)."""
-    tokens, cells = draft.chain_table(k)
-    valid = tokens >= 0
-    return tokens, np.where(valid, cells, 0), valid
 
 
 def _config_vocab(config: Any) -> int | None:
