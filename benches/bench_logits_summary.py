@@ -9,7 +9,9 @@ every variant once, ``--reps`` calls each; the median round is printed, in ms pe
   before the kernel);
 - ``torch step``: both, what a greedy racer step read before (argmax, top-k, probabilities);
 - ``rust summary``: ``logits_summary`` (top-k, probabilities and argmax in one pass per row,
-  the tensor-to-numpy views included).
+  the tensor-to-numpy views included);
+- ``torch topk`` and ``rust topk``: the top-k ids alone (``torch.topk`` against ``topk_ids``,
+  the serving proposers' copy-logit rows).
 
 Example (one thread, as in the engine profile):
 
@@ -25,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from racer_rs.target.sampling import greedy_ids, logits_summary
+from racer_rs.target.sampling import greedy_ids, logits_summary, topk_ids
 
 SHAPES = ((16, 1, 49152), (16, 3, 49152), (1, 1, 49152), (1, 16, 49152))
 
@@ -69,7 +71,7 @@ def main() -> None:
     print(f"threads {args.threads}, k {k}, temperature {temperature}; ms per call, median of {args.rounds} rounds")
     print(
         f"{'shape':>16} {'dtype':>9} {'torch argmax':>13} {'torch topk+lse':>15} {'torch step':>11} "
-        f"{'rust summary':>13} {'speed-up':>9}"
+        f"{'rust summary':>13} {'speed-up':>9} {'torch topk':>11} {'rust topk':>10}"
     )
     generator = torch.Generator().manual_seed(0)
     for shape in SHAPES:
@@ -80,11 +82,14 @@ def main() -> None:
                 "topk_lse": lambda logits=logits: torch_topk_lse(logits, k, temperature),
                 "step": lambda logits=logits: (greedy_ids(logits), torch_topk_lse(logits, k, temperature)),
                 "rust": lambda logits=logits: logits_summary(logits, k, temperature),
+                "torch_topk": lambda logits=logits: torch.topk(logits, k, dim=-1).indices,
+                "rust_topk": lambda logits=logits: topk_ids(logits, k),
             }
             ms = median_ms(variants, args.rounds, args.reps)
             print(
                 f"{list(shape)!s:>16} {str(dtype).removeprefix('torch.'):>9} {ms['argmax']:13.3f} "
-                f"{ms['topk_lse']:15.3f} {ms['step']:11.3f} {ms['rust']:13.3f} {ms['step'] / ms['rust']:8.1f}x"
+                f"{ms['topk_lse']:15.3f} {ms['step']:11.3f} {ms['rust']:13.3f} {ms['step'] / ms['rust']:8.1f}x "
+                f"{ms['torch_topk']:11.3f} {ms['rust_topk']:10.3f}"
             )
 
 

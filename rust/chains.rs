@@ -8,8 +8,8 @@
 //! the product of the chain's edge probabilities up to `j` (computed in float32, as numpy's
 //! `cumprod` over the float32 edges).
 //!
-//! A serving engine (vLLM) calls these once per step for the whole batch; the numpy they
-//! replace took about 0.4 ms a step.
+//! A serving engine (vLLM) calls these once per step for the whole batch: in numpy they took
+//! 0.2 ms of the proposer's 0.6 ms a step at one request (SmolLM2-135M, the vLLM replay).
 
 use crate::error::{Result, invalid};
 
