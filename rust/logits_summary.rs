@@ -17,7 +17,9 @@
 //! The row is read in chunks of [`CHUNK`] logits, each converted to float32 once: a chunk's
 //! maximum decides whether any of its logits can enter the top k (most chunks are skipped), and
 //! an online logsumexp adds the chunk's `exp(x * scale - m)` under the running maximum `m` (the
-//! sum rescaled when `m` grows) with a polynomial `exp` (relative error ~2e-7). The lane loops
+//! sum rescaled when `m` grows) with a polynomial `exp` (relative error ~2e-7). The top-k alone
+//! ([`logits_topk`]) reads each row once, without the copy: blocks of lanes are tested against
+//! the current k-th value and looked at one by one only when one may enter. The lane loops
 //! are compiled twice on x86-64, for AVX2 + FMA (chosen at run time) and for the baseline, and
 //! once elsewhere (NEON on aarch64 is baseline).
 
