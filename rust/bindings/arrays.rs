@@ -263,6 +263,23 @@ pub(crate) fn prob_matrix(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Vec<f3
 
 /// Extract a 1-D float32/float64 array (or a list of floats) of probabilities.
 pub(crate) fn prob_vector(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f32>> {
+    // Probabilities: f32 precision is plenty.
+    #[allow(clippy::cast_possible_truncation)]
+    floats(obj, arg, |x| x, |p| p as f32)
+}
+
+/// Extract a 1-D float32/float64 array (or a list of floats) as float64 values.
+pub(crate) fn float_vector(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f64>> {
+    floats(obj, arg, f64::from, |x| x)
+}
+
+/// A 1-D float32/float64 array (or a list of floats), each value through `from32` or `from64`.
+fn floats<T: Clone + Default>(
+    obj: &Bound<'_, PyAny>,
+    arg: &str,
+    from32: fn(f32) -> T,
+    from64: fn(f64) -> T,
+) -> PyResult<Vec<T>> {
     if let Ok(a) = obj.cast::<PyUntypedArray>() {
         if a.ndim() != 1 {
             return Err(value_error(
@@ -271,11 +288,10 @@ pub(crate) fn prob_vector(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f32
             ));
         }
         if let Ok(v) = obj.extract::<PyReadonlyArray1<'_, f32>>() {
-            return converted(arg, v.len(), v.as_array().iter().copied(), Ok);
+            return converted(arg, v.len(), v.as_array().iter(), |&x| Ok(from32(x)));
         }
         if let Ok(v) = obj.extract::<PyReadonlyArray1<'_, f64>>() {
-            #[allow(clippy::cast_possible_truncation)] // probabilities: f32 precision is plenty
-            return converted(arg, v.len(), v.as_array().iter(), |&p| Ok(p as f32));
+            return converted(arg, v.len(), v.as_array().iter(), |&x| Ok(from64(x)));
         }
         return Err(type_error(format!(
             "{arg}: expected a float32 or float64 array, got dtype {}",
@@ -288,35 +304,7 @@ pub(crate) fn prob_vector(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f32
             "{arg}: expected a 1-D float array or a list of floats"
         ))
     })?;
-    #[allow(clippy::cast_possible_truncation)]
-    Ok(values.into_iter().map(|p| p as f32).collect())
-}
-
-/// Extract a 1-D float32/float64 array (or a list of floats) as float64 values.
-pub(crate) fn float_vector(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f64>> {
-    if let Ok(a) = obj.cast::<PyUntypedArray>() {
-        if a.ndim() != 1 {
-            return Err(value_error(
-                arg,
-                format!("expected a 1-D array, got shape {:?}", a.shape()),
-            ));
-        }
-        if let Ok(v) = obj.extract::<PyReadonlyArray1<'_, f64>>() {
-            return converted(arg, v.len(), v.as_array().iter().copied(), Ok);
-        }
-        if let Ok(v) = obj.extract::<PyReadonlyArray1<'_, f32>>() {
-            return converted(arg, v.len(), v.as_array().iter(), |&x| Ok(f64::from(x)));
-        }
-        return Err(type_error(format!(
-            "{arg}: expected a float32 or float64 array, got dtype {}",
-            dtype_name(a)
-        )));
-    }
-    obj.extract().map_err(|_| {
-        type_error(format!(
-            "{arg}: expected a 1-D float array or a list of floats"
-        ))
-    })
+    Ok(values.into_iter().map(from64).collect())
 }
 
 /// A Python int argument that must be a token id (non-negative int32).

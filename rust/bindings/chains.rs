@@ -68,6 +68,15 @@ fn counts(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<usize>> {
     })
 }
 
+/// Counts or indices as an int64 array (each below the table's size, so none saturates).
+fn int64_array(py: Python<'_>, values: Vec<usize>) -> Bound<'_, PyArray1<i64>> {
+    let values = values
+        .into_iter()
+        .map(|x| i64::try_from(x).unwrap_or(i64::MAX))
+        .collect();
+    PyArray1::from_vec(py, values)
+}
+
 /// Each row's chosen candidate and how many of its tokens to draft.
 type ChoiceArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>);
 
@@ -129,14 +138,9 @@ pub(crate) fn choose_chains<'py>(
         requests,
         cost,
     )?;
-    let as_i64 = |v: Vec<usize>| -> Vec<i64> {
-        v.into_iter()
-            .map(|x| i64::try_from(x).unwrap_or(i64::MAX))
-            .collect()
-    };
     Ok((
-        PyArray1::from_vec(py, as_i64(choice.best)),
-        PyArray1::from_vec(py, as_i64(choice.lengths)),
+        int64_array(py, choice.best),
+        int64_array(py, choice.lengths),
     ))
 }
 
@@ -213,15 +217,10 @@ pub(crate) fn chain_outcomes<'py>(
         })
         .collect();
     let out = outcomes(table, edges.as_slice().unwrap_or(&[]), &steps)?;
-    let committed = out
-        .committed
-        .into_iter()
-        .map(|x| i64::try_from(x).unwrap_or(i64::MAX))
-        .collect();
     Ok((
         PyArray1::from_vec(py, out.cells),
         PyArray1::from_vec(py, out.accepted),
-        PyArray1::from_vec(py, committed),
+        int64_array(py, out.committed),
         PyArray1::from_vec(py, out.expected),
     ))
 }
