@@ -73,3 +73,54 @@ def test_sampling_keeps_its_own_walk(model: torch.nn.Module, monkeypatch: pytest
     first = _generate(model, "racer", temperature=0.8, seed=3)
     monkeypatch.setattr(decode_engine, "logits_summary", wrong_argmax)
     assert _generate(model, "racer", temperature=0.8, seed=3) == first
+
+
+def _topk_probs_gaps(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, capacity: int) -> list[float]:
+    """Per verified row of a sampled ``racer`` run, the largest gap between the top-k ids and
+    probabilities the drafter gets and :func:`logits_summary` of the row's logits at T=0.8
+    (``inf`` where the ids differ)."""
+    gaps: list[float] = []
+    real_verify = decode_engine.DecodeEngine.verify
+    summary = decode_engine.logits_summary
+
+    def verify(self: Any, live: Any, proposals: Any) -> Any:
+        verified = real_verify(self, live, proposals)
+        for row in verified:
+            ids, probs, _ = summary(row.step.logits, self.drafting.needs_topk, 0.8)
+            if not torch.equal(torch.from_numpy(row.host["topk_ids"]).long(), ids):
+                gaps.append(float("inf"))
+            else:
+                gaps.append(float((torch.from_numpy(row.host["topk_probs"]) - probs).abs().max()))
+        return verified
+
+    monkeypatch.setattr(decode_engine.DecodeEngine, "verify", verify)
+    _generate(model, "racer", temperature=0.8, seed=3, capacity=capacity)
+    return gaps
+
+
+@pytest.mark.parametrize("capacity", [2, 8])
+def test_sampled_steps_give_the_drafter_the_summary_top_k(
+    model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, capacity: int
+) -> None:
+    """Small sampled trees draw every node, so their top-k probabilities come from the draws'
+    weights and the ids from one top-k pass; bigger ones keep the summary. Both give what the
+    summary would."""
+    gaps = _topk_probs_gaps(model, monkeypatch, capacity)
+    assert gaps and max(gaps) < 1e-5
+
+
+def test_sampled_small_trees_skip_the_summary(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_summary(logits: torch.Tensor, k: int, temperature: float) -> Any:
+        raise AssertionError("a step whose nodes are all drawn read the summary")
+
+    monkeypatch.setattr(decode_engine, "logits_summary", no_summary)
+    assert len(_generate(model, "racer", temperature=0.8, seed=3, capacity=2)) == NEW_TOKENS
+
+
+def test_top_k_probabilities_from_other_weights_are_caught(
+    model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The counterpart: weights at another temperature give the drafter wrong probabilities."""
+    real = decode_engine.temperature_weights
+    monkeypatch.setattr(decode_engine, "temperature_weights", lambda logits, config: real(logits * 0.8, config))
+    assert max(_topk_probs_gaps(model, monkeypatch, 2)) > 1e-3

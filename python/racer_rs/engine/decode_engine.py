@@ -59,6 +59,9 @@ from racer_rs.target.sampling import (
     process_logits,
     sample_nodes,
     sample_position,
+    sample_weights,
+    temperature_weights,
+    topk_ids,
     uniform_rows,
 )
 
@@ -505,7 +508,15 @@ class DecodeEngine:
         transfer = HostTransfer()
         k = self.drafting.needs_topk
         greedy = None
-        if k > 0 and (self.drafting.needs_topk_probs or logits.device.type == "cpu"):
+        topk = None
+        roots_only = self._draws_roots_only(logits, trees)
+        if k > 0 and self.drafting.needs_topk_probs and not self.sampling.greedy and not roots_only:
+            # Sampling draws every node from softmax(logits / T) (_predict): the top-k
+            # probabilities are read from those weights, and the ids alone take one cheap pass
+            # (SmolLM2 on this CPU, 8 rows: 0.04 ms against 0.24 for the summary below).
+            topk = topk_ids(logits, k)
+            transfer.add("topk_ids", topk)
+        elif k > 0 and (self.drafting.needs_topk_probs or logits.device.type == "cpu"):
             # One pass over the logits for the drafter's top-k, their probabilities and a greedy
             # walk's argmax (on the CPU, the Rust kernel: cheaper than torch.topk alone; elsewhere
             # torch's ops, so top-k ids alone stay one torch.topk).
@@ -515,7 +526,7 @@ class DecodeEngine:
                 transfer.add("topk_probs", probs)
         elif k > 0:
             transfer.add("topk_ids", torch.topk(logits, k, dim=-1).indices)
-        self._predict(live, trees, logits, transfer, greedy)
+        self._predict(live, trees, logits, transfer, greedy, roots_only, topk)
         # A chain verified with chain speculative sampling decides on its own (its draws come from
         # the row's generator in the order plain generate() makes them).
         chain_hosts: dict[int, dict[str, np.ndarray]] = {}
@@ -541,6 +552,22 @@ class DecodeEngine:
             verified.append(Verified(step, acceptor, own_host, node_logits))
         return verified
 
+    def _draws_roots_only(self, logits: torch.Tensor, trees: list[DraftTree]) -> bool:
+        """Whether a sampled step draws its rows' roots only (:meth:`_predict`).
+
+        On a CPU there is no device-to-host copy to save, and each node's draw is a few passes
+        over the vocabulary: where the trees hold more than LAZY_DRAW_NODES_PER_ROW nodes a row,
+        only the roots are drawn with the step, the deeper nodes by the walk, if it reaches them
+        (SamplingWalk.accept; about the accepted tokens per row, not every node). Each such draw
+        is a call of its own, so small trees are drawn at once: at batch 1 on SmolLM2 (about 7
+        nodes at T=0.8) drawing the reached nodes only made 1.06x the tokens/s; at batch 4
+        (1.5 nodes a row) it measured 0.98x."""
+        return (
+            not self.sampling.greedy
+            and logits.device.type == "cpu"
+            and logits.shape[0] > LAZY_DRAW_NODES_PER_ROW * len(trees)
+        )
+
     def _predict(
         self,
         live: list[DecodeState],
@@ -548,23 +575,19 @@ class DecodeEngine:
         logits: torch.Tensor,
         transfer: HostTransfer,
         greedy: torch.Tensor | None = None,
+        roots_only: bool = False,
+        topk: torch.Tensor | None = None,
     ) -> None:
         """The walk's device half for every row at once: ``GreedyWalk.predict`` /
         ``SamplingWalk.predict`` on the step's ``K`` nodes (flat logits ``[K, V]``), each row with
         its own uniforms keyed by its own generation position. ``greedy``: the logits' argmax if
-        the step computed it already (:func:`logits_summary`)."""
+        the step computed it already (:func:`logits_summary`); ``roots_only``: draw the roots
+        alone (:meth:`_draws_roots_only`); ``topk``: ``[K, k]`` ids whose probabilities under
+        the drawing weights go to the transfer as ``topk_probs`` (every node drawn)."""
         if self.sampling.greedy:
             transfer.add("predicted", greedy_ids(logits) if greedy is None else greedy)
             return
         device = logits.device
-        # On a CPU there is no device-to-host copy to save, and each node's draw is a few passes
-        # over the vocabulary: where the trees hold more than LAZY_DRAW_NODES_PER_ROW nodes a row,
-        # only the roots are drawn here, the deeper nodes by the walk, if it reaches them
-        # (SamplingWalk.accept; about the accepted tokens per row, not every node). Each such draw
-        # is a call of its own, so small trees are drawn at once: at batch 1 on SmolLM2 (about 7
-        # nodes at T=0.8) drawing the reached nodes only made 1.06x the tokens/s; at batch 4
-        # (1.5 nodes a row) it measured 0.98x.
-        roots_only = device.type == "cpu" and logits.shape[0] > LAZY_DRAW_NODES_PER_ROW * len(trees)
         draws = []
         for state, tree in zip(live, trees, strict=True):
             assert state.uniforms is not None
@@ -574,8 +597,11 @@ class DecodeEngine:
             draws.append(state.uniforms[torch.from_numpy(positions).to(state.uniforms.device), 0])
         uniforms = torch.cat(draws).to(device)
         if not roots_only:
-            predicted, valid = sample_nodes(logits, self.sampling, uniforms)
+            weights = temperature_weights(logits, self.sampling)
+            predicted, valid = sample_weights(weights, self.sampling, uniforms)
             transfer.add("predicted", predicted)
+            if topk is not None:
+                transfer.add("topk_probs", weights.gather(1, topk))
             if valid is not None:
                 transfer.add("valid", valid.long())
             return

@@ -229,7 +229,20 @@ def sample_nodes(
     Returns:
         ``(tokens int64[n], valid bool[n] or None)``; ``None`` when no filter is active.
     """
-    weights = torch.softmax(logits.float() / config.temperature, dim=-1)
+    return sample_weights(temperature_weights(logits, config), config, uniforms)
+
+
+def temperature_weights(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """``softmax(logits / T)`` in float32, ``[n, V]``: what :func:`sample_nodes` draws from
+    (before the filters), and the probabilities :func:`logits_summary` gives its top-k ids."""
+    return torch.softmax(logits.float() / config.temperature, dim=-1)
+
+
+def sample_weights(
+    weights: torch.Tensor, config: SamplingConfig, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`sample_nodes` from its :func:`temperature_weights` (a caller that reads them too
+    computes them once)."""
     tokens = _inverse_cdf(weights, uniforms)
     if not config.filtered:
         return tokens, None
