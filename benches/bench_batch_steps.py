@@ -47,7 +47,7 @@ def record_steps() -> None:
         policy.observe = observe  # type: ignore[method-assign]
 
 
-def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens: int) -> float:
+def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens: int, temperature: float) -> float:
     """One run of ``label``; prints its breakdown and returns its tokens/s."""
     spec, _, mode = label.partition(":")
     method, _, size = spec.partition("@")
@@ -67,6 +67,7 @@ def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens
         capacity=int(size) if size.isdigit() else "auto",
         max_new_tokens=new_tokens,
         max_batch_size=batch,
+        **sampling(temperature),
     )
     wall = time.perf_counter() - started
     slowest = max(len(r.accepted_lengths) for r in results)
@@ -91,6 +92,12 @@ def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens
     return tokens / wall
 
 
+def sampling(temperature: float) -> dict[str, Any]:
+    """``generate_batch``'s sampling keywords: greedy at 0, else ``racer bench``'s (top-p 0.95,
+    seed 0)."""
+    return {"temperature": temperature} | ({"top_p": 0.95, "seed": 0} if temperature > 0 else {})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -101,16 +108,24 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--methods", default="ar,racer,ar,racer")
     parser.add_argument("--data", nargs="*", help="prompt files (default: the shipped Spec-Bench)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else top-p 0.95, seed 0")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = racer_rs.load_model(args.model, dtype=args.dtype)
     prompts = chat_prompts(tokenizer, args.prompts, args.data)
     record_steps()
     # Warm-up (and capacity="auto"'s cost curves on first use).
-    racer_rs.generate_batch(model, prompts[: args.batch], method="racer", max_new_tokens=8, max_batch_size=args.batch)
+    racer_rs.generate_batch(
+        model,
+        prompts[: args.batch],
+        method="racer",
+        max_new_tokens=8,
+        max_batch_size=args.batch,
+        **sampling(args.temperature),
+    )
     rates: dict[str, list[float]] = collections.defaultdict(list)
     for label in (m.strip() for m in args.methods.split(",")):
-        rates[label].append(run(model, prompts, label, args.batch, args.max_new_tokens))
+        rates[label].append(run(model, prompts, label, args.batch, args.max_new_tokens, args.temperature))
     first = next(iter(rates))
     for label, values in rates.items():
         ratios = [value / base for value, base in zip(values, rates[first], strict=False)]
