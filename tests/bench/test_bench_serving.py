@@ -115,6 +115,19 @@ def test_a_wrong_served_request_is_a_mismatch(tiny_model, data_file, tmp_path, c
     assert [(r["method"], r["concurrency"]) for r in report["summary"] if r["mismatches"]] == [("pld", 2)]
 
 
+@pytest.mark.parametrize("ignore", [False, True])
+def test_ignore_eos_generates_every_budget_in_full(tiny_model, data_file, tmp_path, capsys, monkeypatch, ignore):
+    """Every token is an EOS here: requests end at their first token, unless --ignore-eos."""
+    import racer_rs.loading.models
+
+    monkeypatch.setattr(racer_rs.loading.models, "eos_token_ids", lambda model, _: list(range(model.config.vocab_size)))
+    extra = ("--concurrency", "2", "--methods", "pld", "--temperature", "0", *(["--ignore-eos"] if ignore else []))
+    code, _, stderr, report = run(capsys, serving_args(tiny_model, data_file, tmp_path / "out", *extra))
+    assert code == 0, stderr
+    assert report is not None and report["ignore_eos"] is ignore
+    assert {len(tokens) for r in report["records"] for tokens in r["tokens"]} == ({8} if ignore else {1})
+
+
 def test_an_index_label_learns_within_each_call_and_starts_every_call_empty(
     tiny_model, data_file, tmp_path, capsys, monkeypatch
 ):

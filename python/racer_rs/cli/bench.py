@@ -36,7 +36,6 @@ from racer_rs.cli.errors import EXIT_MISMATCH, EXIT_USAGE, CLIError
 from racer_rs.cli.options import parse_options
 from racer_rs.cli.resources import resolve_shipped
 from racer_rs.drafters.index import LEARNS_INTO_INDEX
-from racer_rs.loading.models import eos_token_ids
 
 #: ``suffix`` runs by default only where arctic-inference (the ``suffix`` extra) is installed.
 #: racer runs at the fixed capacity and with ``capacity="auto"`` (plain and scored trees): auto
@@ -195,6 +194,13 @@ def add_parser(subparsers: Any) -> None:
         help="--concurrency only: how many requests, categories interleaved (default: 32)",
     )
     parser.add_argument("--persistent", action="store_true", help="keep drafter state across requests")
+    parser.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="generate every request's --max-new-tokens in full, EOS or not (as vLLM's serving benchmark "
+        "--ignore-eos): methods compared on texts of one length, which sampled half-precision runs "
+        "otherwise end at different places",
+    )
     parser.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -484,7 +490,7 @@ def _run(args: argparse.Namespace) -> int:
         repeat=args.repeat,
         seed=args.seed,
         persistent=args.persistent,
-        eos_token_id=eos_token_ids(models.model, models.tokenizer),
+        eos_token_id=common.bench_eos_ids(args, models),
         draft_model=models.draft_model,
         max_capacity=args.max_capacity,
     )

@@ -36,7 +36,6 @@ from racer_rs.errors import RacerError
 def run_batch_bench(args: argparse.Namespace) -> int:
     """``racer bench --batch-size ...``; the exit code (1 when a greedy row mismatched)."""
     from racer_rs.cli.bench import default_capacity
-    from racer_rs.loading.models import eos_token_ids
 
     labels = [m.strip() for m in (args.methods or ",".join(DEFAULT_METHODS)).split(",") if m.strip()]
     try:
@@ -79,7 +78,7 @@ def run_batch_bench(args: argparse.Namespace) -> int:
         capacity=args.capacity or default_capacity(models.device),
         max_capacity=args.max_capacity,
         max_new_tokens=args.max_new_tokens,
-        eos_token_id=eos_token_ids(models.model, models.tokenizer),
+        eos_token_id=common.bench_eos_ids(args, models),
         warmup=args.warmup,
         seed=args.seed,
         options={label: models.method_options(split(label)[0], options[label]) for label in labels},

@@ -96,7 +96,6 @@ def _settings(args: argparse.Namespace) -> list[Setting]:
 def run_serving_bench(args: argparse.Namespace) -> int:
     """``racer bench --concurrency ...``; the exit code (1 when a greedy request mismatched)."""
     from racer_rs.cli.bench import default_capacity
-    from racer_rs.loading.models import eos_token_ids
 
     check_arguments(args)
     labels = labels_of(args)
@@ -123,7 +122,7 @@ def run_serving_bench(args: argparse.Namespace) -> int:
         capacity=args.capacity or default_capacity(models.device),
         max_capacity=args.max_capacity,
         max_new_tokens=args.max_new_tokens,
-        eos_token_id=eos_token_ids(models.model, models.tokenizer),
+        eos_token_id=common.bench_eos_ids(args, models),
         warmup=args.warmup,
         repeat=args.repeat,
         seed=args.seed,
@@ -170,6 +169,7 @@ def run_serving_bench(args: argparse.Namespace) -> int:
             "methods": labels,
             "settings": [s.label for s in settings],
             "max_new_tokens": args.max_new_tokens,
+            "ignore_eos": args.ignore_eos,
             "capacity": bench.capacity,
             "max_capacity": args.max_capacity,
             "warmup": args.warmup,

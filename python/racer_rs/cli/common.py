@@ -276,6 +276,14 @@ def torch_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+def bench_eos_ids(args: argparse.Namespace, models: LoadedModels) -> list[int] | None:
+    """The ids a benchmark's requests end at: the model's EOS ids, none with ``--ignore-eos``
+    (every request then generates its ``--max-new-tokens`` in full)."""
+    from racer_rs.loading.models import eos_token_ids
+
+    return None if getattr(args, "ignore_eos", False) else eos_token_ids(models.model, models.tokenizer)
+
+
 class LoadedModels:
     """The target model, its tokenizer and (when a method needs one) the draft model.
 
