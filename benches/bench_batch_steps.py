@@ -10,8 +10,11 @@ all ``B`` rows live, per padded tree size (nodes per row): how many, the median 
 step milliseconds, and the tokens every row committed per step. A label is ``method`` or
 ``method@capacity`` (``racer@1`` is racer's bookkeeping without drafting), optionally followed by
 ``:draft`` or ``:plain`` to hold ``capacity="auto"``'s drafting switch in one mode above one row
-(``racer:plain`` never drafts in a batch, ``racer:draft`` always does), or by ``:padded`` to
-verify every step padded to its largest tree instead of flat. The last lines give every
+(``racer:plain`` never drafts in a batch, ``racer:draft`` always does), by ``:padded`` to
+verify every step padded to its largest tree instead of flat, or by ``:flat`` to run every step
+whose trees differ in size flat (without the policy's choice of layout,
+:func:`racer_rs.autosize.batch_sizer.best_layout_sizes`). ``--temperature`` samples (top-p 0.95,
+seed 0) instead of decoding greedily. The last lines give every
 label's tokens/s over the first label's, per round (a round: the labels' n-th runs) and their mean.
 """
 
@@ -28,6 +31,7 @@ import torch
 
 import racer_rs
 from bench_engine_overhead import chat_prompts  # benches/ is the script's folder
+from racer_rs.autosize import batch_sizer
 from racer_rs.engine import capacity, generation
 from racer_rs.target.batch_verifier import BatchVerifier
 
@@ -52,8 +56,12 @@ def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens
     spec, _, mode = label.partition(":")
     method, _, size = spec.partition("@")
     switch = capacity.AutoCapacity.drafts
+    layout = batch_sizer.best_layout_sizes
     if mode == "padded":  # every step padded to its largest tree, as before flat forwards
         generation.BatchVerifier = lambda model: BatchVerifier(model, flat_forwards=False)  # type: ignore[assignment,misc]
+    elif mode == "flat":  # trees of different sizes always flat, as before the layout choice
+        flat_only = batch_sizer.best_flat_sizes
+        batch_sizer.best_layout_sizes = lambda p, s, share, overhead=None: (flat_only(p, s, share), True)
     elif mode:
         drafts = {"draft": True, "plain": False}[mode]
         capacity.AutoCapacity.drafts = lambda self, rows: rows == 1 or drafts  # type: ignore[method-assign]
@@ -72,6 +80,7 @@ def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens
     wall = time.perf_counter() - started
     slowest = max(len(r.accepted_lengths) for r in results)
     capacity.AutoCapacity.drafts = switch  # type: ignore[method-assign]
+    batch_sizer.best_layout_sizes = layout
     generation.BatchVerifier = BatchVerifier  # type: ignore[misc]
     tokens = sum(len(r.tokens) for r in results)
     in_steps = sum(step[3] for step in STEPS)

@@ -10,6 +10,7 @@ batch-wide rule against a brute-force oracle.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -32,6 +33,7 @@ from racer_rs.autosize.batch_sizer import (  # noqa: E402
     TokenShare,
     best_batch_size,
     best_flat_sizes,
+    best_layout_sizes,
     bucket_sizes,
     flat_step_seconds,
     interpolated,
@@ -535,18 +537,24 @@ def test_at_one_row_the_batch_rule_is_today_s_rule(probabilities, base, steps):
     assert best_batch_size([np.asarray(probabilities)], seconds) == best_prefix_size(np.asarray(probabilities), seconds)
 
 
-def flat_rate(probabilities: list[list[float]], seconds: list[float], share: float, sizes: Any) -> float:
-    """Expected tokens per second of a flat step in which row ``b`` verifies ``sizes[b]`` nodes."""
+def flat_rate(
+    probabilities: list[list[float]], seconds: list[float], share: float, sizes: Any, overhead: float = 0.0
+) -> float:
+    """Expected tokens per second of a flat step in which row ``b`` verifies ``sizes[b]`` nodes
+    (the flat layout ``overhead`` times dearer than the uniform step from size 2 on)."""
     batch, m = len(probabilities), int(max(sizes))
     extra = np.full(len(seconds), sum(int(n) - 1 for n in sizes), dtype=np.float64)
     cost = flat_step_seconds(np.asarray(seconds), np.full(len(seconds), share), extra, batch)[m - 1]
+    cost += overhead * seconds[m - 1] if m > 1 else 0.0
     return sum(1 + sum(p[: int(n) - 1]) for p, n in zip(probabilities, sizes, strict=True)) / float(cost)
 
 
-def brute_force_flat_rate(probabilities: list[list[float]], seconds: list[float], share: float) -> float:
+def brute_force_flat_rate(
+    probabilities: list[list[float]], seconds: list[float], share: float, overhead: float = 0.0
+) -> float:
     """The oracle: the best rate over EVERY combination of per-row prefix sizes of a flat step."""
     choices = [range(1, min(len(seconds), len(p) + 1) + 1) for p in probabilities]
-    return max(flat_rate(probabilities, seconds, share, sizes) for sizes in itertools.product(*choices))
+    return max(flat_rate(probabilities, seconds, share, sizes, overhead) for sizes in itertools.product(*choices))
 
 
 @settings(max_examples=300, deadline=None)
@@ -582,6 +590,69 @@ def test_rows_priced_padded_fail_the_flat_oracle():
     )
     sizes = best_flat_sizes([np.asarray(p) for p in probabilities], np.asarray(seconds), np.ones(4))
     assert sizes.tolist() == [4, 1, 1]
+
+
+def layout_rate(
+    probabilities: list[list[float]], seconds: list[float], share: float, sizes: Any, flat: bool, overhead: float = 0.0
+) -> float:
+    """Expected tokens per second of a step laid out flat, or padded (the padded size's price)."""
+    if flat:
+        return flat_rate(probabilities, seconds, share, sizes, overhead)
+    return (
+        sum(1 + sum(p[: int(n) - 1]) for p, n in zip(probabilities, sizes, strict=True)) / seconds[int(max(sizes)) - 1]
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(row_probabilities, min_size=1, max_size=3),
+    st.floats(0.01, 5.0),
+    increments,
+    st.floats(0.0, 1.0),
+    st.sampled_from([0.0, 0.03, 0.3]),
+)
+def test_the_layout_rule_matches_both_brute_force_oracles(probabilities, base, steps, share, overhead):
+    """The step is the best flat one or the best padded one, whichever pays more (ties: padded)."""
+    seconds = list(base + np.cumsum([0.0, *steps])[: len(steps)])
+    overheads = np.full(len(seconds), overhead)
+    overheads[0] = 0.0
+    sizes, flat = best_layout_sizes(
+        [np.asarray(p) for p in probabilities], np.asarray(seconds), np.full(len(seconds), share), overheads
+    )
+    assert all(1 <= n <= min(len(seconds), len(p) + 1) for n, p in zip(sizes, probabilities, strict=True))
+    best_flat = brute_force_flat_rate(probabilities, seconds, share, overhead)
+    best_padded = brute_force_batch_rate(probabilities, seconds)
+    assert layout_rate(probabilities, seconds, share, sizes, flat, overhead) >= max(best_flat, best_padded) * (1 - 1e-9)
+    if flat:
+        assert best_flat > best_padded * (1 + 1e-12)
+
+
+def test_a_step_priced_alike_both_ways_runs_padded():
+    """Every row keeps its likely node either way (the flat step's nodes fill every row): the
+    same price, so the step runs padded, without the flat layout's scatter and gather."""
+    probabilities = [[0.6, 0.1], [0.5, 0.1], [0.5, 0.1]]
+    seconds = np.asarray([1.0, 1.3, 1.6])
+    sizes, flat = best_layout_sizes([np.asarray(p) for p in probabilities], seconds, np.full(3, 0.2))
+    assert not flat and sizes.tolist() == [2, 2, 2]
+    assert best_flat_sizes([np.asarray(p) for p in probabilities], seconds, np.full(3, 0.2)).tolist() == [2, 2, 2]
+
+
+def test_always_flat_fails_the_layout_oracle():
+    """The counterpart: the flat rule alone, with a flat layout 5% dearer, gives fewer tokens per
+    second than the padded step the layout rule picks."""
+    probabilities = [[0.7], [0.7], [0.01], [0.01]]
+    seconds = [1.0, 1.1]
+    flat_sizes = best_flat_sizes([np.asarray(p) for p in probabilities], np.asarray(seconds), np.full(2, 0.5))
+    best = max(brute_force_flat_rate(probabilities, seconds, 0.5, 0.05), brute_force_batch_rate(probabilities, seconds))
+    assert flat_rate(probabilities, seconds, 0.5, flat_sizes, 0.05) < best * (1 - 1e-3)
+
+
+def test_one_likely_row_among_unlikely_ones_runs_flat():
+    probabilities = [[0.9, 0.9, 0.9], [0.05, 0.05, 0.05], [0.05, 0.05, 0.05]]
+    sizes, flat = best_layout_sizes(
+        [np.asarray(p) for p in probabilities], np.asarray([1.0, 1.2, 1.4, 1.6]), np.ones(4)
+    )
+    assert flat and sizes.tolist() == [4, 1, 1]
 
 
 def test_rows_sized_alone_fail_the_oracle():
@@ -726,7 +797,7 @@ def test_auto_cut_of_a_flat_step_keeps_each_row_s_own_best_prefix(forced_cost: A
     rankings = [policy.sizers[row].rank(tree) for row, tree in enumerate(trees)]
     steps = np.maximum.accumulate(_steep(per_node=0.02).step_seconds(np.arange(1, 17), 40))
     sizes = best_flat_sizes([r.corrected for r in rankings], steps, np.full(16, 0.8))
-    assert [len(p.tree) for p in cut] == sizes.tolist()
+    assert policy.step_flat and [len(p.tree) for p in cut] == sizes.tolist()
     for ranking, choice in zip(rankings, choices, strict=True):
         assert choice.keep.tolist() == sorted(ranking.order[: len(choice.keep)].tolist())  # best first
 
@@ -746,7 +817,7 @@ def test_a_flat_step_teaches_the_curve_its_error_not_the_nodes_left_out(
     trees = [synthetic_tree(8, 96, branching=1), synthetic_tree(1, 96), synthetic_tree(1, 96)]
     proposals = [Proposal(tree) for tree in trees]
     policy.cut(proposals, [0, 1, 2], context=40, flat=True)
-    steps, share = policy.flat_prices[3]
+    steps, share, _ = policy.flat_prices[3]
     extra = np.full(len(steps), 7.0)
     predicted = float(flat_step_seconds(steps, share, extra, 3)[7])
     assert predicted < float(steps[7])  # two rows of roots cost less than three rows of 8
@@ -764,10 +835,15 @@ def test_a_flat_step_teaches_the_curve_its_error_not_the_nodes_left_out(
             padded=8,
             forward=0.0,
             step=slower * predicted,
+            flat=True,
         )
         observed.clear()
         policy.observe(report)
         assert observed == [(8, pytest.approx(slower * float(steps[7])))]
+        # The same seconds from a padded step are the uniform curve's own at its size.
+        observed.clear()
+        policy.observe(dataclasses.replace(report, flat=False))
+        assert observed == [(8, pytest.approx(slower * predicted))]
 
 
 def test_batch_costs_are_measured_per_batch_size_and_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
@@ -820,6 +896,38 @@ def test_batch_costs_are_measured_per_batch_size_and_cached(monkeypatch: pytest.
     assert stored["batch_size"] == 2 and "token_share" in stored
     between = json.loads(next((tmp_path / "tree_size" / "cost").glob("*-b3.json")).read_text())
     assert "token_share" not in between  # interpolated, not measured
+    # A share stored before flat overheads were measured is measured again, not trusted.
+    path = next((tmp_path / "tree_size" / "cost").glob("*-b2.json"))
+    del stored["token_share"]["overheads"], stored["token_share"]["format"]
+    path.write_text(json.dumps(stored))
+    monkeypatch.setattr(batch_sizing, "_token_shares", {})
+    BatchCosts(model, max_capacity=4, batch=2)
+    assert shares == [2, 4, 2]
+
+
+def test_a_flat_step_dearer_than_the_padded_one_is_measured_as_overhead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """measure_token_share: the one-row flat step above the uniform padded one is the overhead
+    (relative), and its share is then 0; below it, no overhead."""
+    uniform = {1: 1.0, 2: 1.04, 4: 1.2, 8: 1.5, 16: 2.0}
+    single = {1: 1.0, 2: 1.06, 4: 1.1, 8: 1.2, 16: 1.3}
+    timed = {(n, False): [t, 9.0, t] for n, t in uniform.items()} | {(n, True): [t, 0.1, t] for n, t in single.items()}
+    monkeypatch.setattr(batch_sizing, "time_layouts", lambda *args, **kwargs: timed)
+    share = batch_sizing.measure_token_share(None, 8, (128, 1024))
+    np.testing.assert_allclose(share.overhead_at(2, 128), [0.0, 1.06 / 1.04 - 1])
+    assert share.at(2, 128)[1] == 0.0
+    assert share.overhead_at(4, 1024)[3] == 0.0 and share.at(4, 1024)[3] > 0
+
+
+def test_a_flat_overhead_makes_the_padded_step_win():
+    """Two rows likely, two hardly (share 0.5): without an overhead the flat step verifies the
+    likely rows' nodes alone; a flat layout 5% dearer than the padded step hands it to the
+    padded one, which every row fills."""
+    probabilities = [np.asarray([0.7]), np.asarray([0.7]), np.asarray([0.01]), np.asarray([0.01])]
+    seconds = np.asarray([1.0, 1.1])
+    sizes, flat = best_layout_sizes(probabilities, seconds, np.full(2, 0.5))
+    assert flat and sizes.tolist() == [2, 2, 1, 1]
+    sizes, flat = best_layout_sizes(probabilities, seconds, np.full(2, 0.5), np.asarray([0.0, 0.05]))
+    assert not flat and sizes.tolist() == [2, 2, 2, 2]
 
 
 def test_a_batch_size_met_first_is_predicted_at_the_load_the_others_measured(

@@ -24,6 +24,13 @@ forward. With ``s = 0`` (a forward that cannot run flat) every row keeps all of 
 ``m`` (they fill padding), as :func:`best_batch_size` chooses; at one row this is exactly
 :func:`racer_rs.autosize.sizer.best_prefix_size`.
 
+A flat step also pays for its layout (every layer scatters the rows' queries and keys into the
+padded layout and gathers the outputs back): measured as what a flat step with one deep row
+costs beyond the padded step with every row at ``m`` (:class:`TokenShare`'s overhead). Each step
+then runs flat or padded, whichever has the more expected tokens per second
+(:func:`best_layout_sizes`): on this CPU with SmolLM2-135M, 4 and 8 rows verifying one more node
+each cost less padded than one row verifying it flat.
+
 Cost curves (:class:`BatchCosts`) are **keyed by batch size**, not modelled over total tokens: a
 row reads its own KV prefix (memory traffic ``~ B x P``) and attends over it (``~ B x m x P``), so
 8 rows of 4 nodes do not cost what 1 row of 32 nodes does, most of all on accelerators, where a
@@ -45,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from racer_rs.autosize import state
-from racer_rs.autosize.cost_model import CURVE_CONTEXTS, CostModel, MachineLoad, measure_forward_cost
+from racer_rs.autosize.cost_model import CURVE_CONTEXTS, CostModel, MachineLoad, measure_forward_cost, time_layouts
 from racer_rs.errors import InvalidArgumentError
 
 
@@ -74,7 +81,9 @@ def best_batch_size(probabilities: Sequence[np.ndarray], step_seconds: np.ndarra
     return int(np.flatnonzero(rate >= rate.max() * (1 - 1e-9))[0]) + 1
 
 
-def flat_step_seconds(uniform: np.ndarray, share: np.ndarray, extra: np.ndarray, batch: int) -> np.ndarray:
+def flat_step_seconds(
+    uniform: np.ndarray, share: np.ndarray, extra: np.ndarray, batch: int, overhead: np.ndarray | None = None
+) -> np.ndarray:
     """Predicted seconds of a flat step padded to ``m = 1, 2, ...`` nodes per row when the rows
     verify ``extra[m - 1]`` drafted nodes in all (see the module's docstring).
 
@@ -84,6 +93,8 @@ def flat_step_seconds(uniform: np.ndarray, share: np.ndarray, extra: np.ndarray,
         extra: per padded size (the last axis; leading axes price several node counts at once),
             the drafted nodes (beyond the rows' roots) verified.
         batch: the live rows.
+        overhead: per padded size, the flat layout's own cost as a fraction of ``uniform``
+            (:meth:`TokenShare.overhead_at`; default none).
     """
     uniform = np.asarray(uniform, dtype=np.float64)
     plain = uniform[0]
@@ -91,10 +102,17 @@ def flat_step_seconds(uniform: np.ndarray, share: np.ndarray, extra: np.ndarray,
     spread = np.interp(1 + np.asarray(extra, dtype=np.float64) / batch, np.arange(1, len(uniform) + 1), uniform)
     share = np.asarray(share, dtype=np.float64)
     seconds: np.ndarray = plain + share * (spread - plain) + (1 - share) * (uniform - plain)
+    if overhead is not None:
+        seconds = seconds + np.asarray(overhead, dtype=np.float64) * uniform
     return seconds
 
 
-def best_flat_sizes(probabilities: Sequence[np.ndarray], step_seconds: np.ndarray, share: np.ndarray) -> np.ndarray:
+def best_flat_sizes(
+    probabilities: Sequence[np.ndarray],
+    step_seconds: np.ndarray,
+    share: np.ndarray,
+    overhead: np.ndarray | None = None,
+) -> np.ndarray:
     """Every row's tree size (root included) with the most expected tokens per second of a flat step.
 
     Args:
@@ -105,6 +123,7 @@ def best_flat_sizes(probabilities: Sequence[np.ndarray], step_seconds: np.ndarra
         share: per padded size, the share of ``step_seconds - step_seconds[0]`` that grows with
             the verified nodes (:func:`flat_step_seconds`); 0 everywhere: the padded step, where
             every row keeps its nodes up to the padded size (:func:`best_batch_size`).
+        overhead: per padded size, the flat layout's own cost (:func:`flat_step_seconds`).
 
     Returns:
         ``int64[B]`` sizes ``>= 1``. For each padded size ``m`` the drafted nodes that may be
@@ -131,9 +150,10 @@ def best_flat_sizes(probabilities: Sequence[np.ndarray], step_seconds: np.ndarra
     counts = np.cumsum(allowed, axis=1)
     uniform = np.asarray(step_seconds[:limit], dtype=np.float64)
     shares = np.asarray(share, dtype=np.float64)[:limit]
+    overheads = None if overhead is None else np.asarray(overhead, dtype=np.float64)[:limit]
     # Row m - 1 of the node counts is padded size m's (size 1 keeps none).
     extra = np.vstack([np.zeros(counts.shape[1]), counts])
-    seconds = flat_step_seconds(uniform, shares, extra.T, batch).T[1:]
+    seconds = flat_step_seconds(uniform, shares, extra.T, batch, overheads).T[1:]
     rates = np.where(allowed, (batch + gains) / seconds, -np.inf)
     best = float(rates.max())
     if not best > (batch / uniform[0]) * (1 + 1e-9):
@@ -141,6 +161,56 @@ def best_flat_sizes(probabilities: Sequence[np.ndarray], step_seconds: np.ndarra
     size_index, node_index = map(int, np.argwhere(rates >= best * (1 - 1e-9))[0])
     kept = allowed[size_index, : node_index + 1]
     return 1 + np.bincount(rows[: node_index + 1][kept], minlength=batch).astype(np.int64)
+
+
+def expected_tokens(probabilities: Sequence[np.ndarray], sizes: np.ndarray) -> float:
+    """Expected committed tokens of a step in which row ``r`` verifies its first
+    ``sizes[r] - 1`` drafted nodes (one token per row, plus the kept nodes' probabilities)."""
+    return float(
+        sum(
+            1.0 + float(np.sum(np.asarray(p, dtype=np.float64)[: n - 1]))
+            for p, n in zip(probabilities, sizes, strict=True)
+        )
+    )
+
+
+def best_layout_sizes(
+    probabilities: Sequence[np.ndarray],
+    step_seconds: np.ndarray,
+    share: np.ndarray,
+    overhead: np.ndarray | None = None,
+) -> tuple[np.ndarray, bool]:
+    """Every row's tree size and the step's layout: flat (:func:`best_flat_sizes`) or padded
+    (:func:`best_batch_size`, every row keeping its nodes up to the padded size), whichever has
+    the most expected tokens per second; ties go to the padded step.
+
+    A padded step's cost is the uniform curve's at its size however many of its slots hold real
+    nodes, so its rows fill the padding with their own next nodes for nothing; a flat one pays
+    for its real nodes only, at the token share's price, plus its layout's own work (``overhead``:
+    every layer scatters the rows' queries and keys and gathers the outputs). Where the share is
+    small (few rows, a short context: the projections cost about the same for 8 tokens as for
+    16 on a CPU) the padded step verifies more nodes for less (SmolLM2-135M, bfloat16, one
+    thread, this CPU, median of 15 interleaved rounds: every row verifying one more node cost
+    1.02x a plain step at 4 rows and 1.04x at 8 padded, one row verifying one more node 1.06x
+    at both, flat; at 16 rows the two cost the same).
+
+    Returns:
+        ``(sizes, flat)``: ``int64[B]`` sizes ``>= 1`` and whether the step runs flat.
+    """
+    flat_sizes = best_flat_sizes(probabilities, step_seconds, share, overhead)
+    size = best_batch_size(probabilities, step_seconds)
+    padded_sizes = np.asarray([min(size, len(p) + 1) for p in probabilities], dtype=np.int64)
+    steps = np.asarray(step_seconds, dtype=np.float64)
+    padded_rate = expected_tokens(probabilities, padded_sizes) / steps[size - 1]
+    m = int(flat_sizes.max())
+    extra = np.full(len(steps), float(np.sum(flat_sizes - 1)))
+    overheads = None if overhead is None else np.asarray(overhead, dtype=np.float64)[: len(steps)]
+    shares = np.asarray(share, dtype=np.float64)[: len(steps)]
+    flat_seconds = float(flat_step_seconds(steps, shares, extra, len(probabilities), overheads)[m - 1])
+    flat_rate = expected_tokens(probabilities, flat_sizes) / flat_seconds
+    if padded_rate >= flat_rate * (1 - 1e-9):
+        return padded_sizes, False
+    return flat_sizes, True
 
 
 def bucket_sizes(batch: int) -> list[int]:
@@ -192,78 +262,128 @@ def measure_batch_cost_model(model: Any, batch: int, max_size: int, rounds: int 
 
 #: Padded sizes the token share is measured at (larger sizes take the largest one's).
 SHARE_SIZES = (2, 4, 8, 16)
+#: How stored token shares were measured: 2, with the flat overheads, both layouts interleaved.
+SHARE_FORMAT = 2
 
 
 class TokenShare:
     """The share of a batched step's cost above a plain step that grows with the verified nodes
-    (the rest grows with the padded size: attention), per padded size and context length.
+    (the rest grows with the padded size: attention), per padded size and context length, and
+    what a flat step costs beyond that model: its layout's own work (every layer scatters the
+    rows' queries and keys and gathers the outputs), as a fraction of the uniform step.
 
     Args:
         sizes: the padded sizes measured (ascending, ``>= 2``).
         shares: ``{context: shares at those sizes}`` at two context lengths.
+        overheads: ``{context: overheads at those sizes}`` (default none): a flat step in which
+            one row verifies ``m`` nodes took ``1 + overhead`` times the step in which every row
+            does, padded (SmolLM2-135M on this CPU at ``m = 2``: 1.04 at 4 rows, 1.01 at 8).
     """
 
-    def __init__(self, sizes: Sequence[int], shares: Mapping[int, Sequence[float]]) -> None:
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        shares: Mapping[int, Sequence[float]],
+        overheads: Mapping[int, Sequence[float]] | None = None,
+    ) -> None:
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.short, self.long = sorted(shares)[0], sorted(shares)[-1]
         self.at_short = np.clip(np.asarray(shares[self.short], dtype=np.float64), 0.0, 1.0)
         self.at_long = np.clip(np.asarray(shares[self.long], dtype=np.float64), 0.0, 1.0)
+        overheads = overheads or {self.short: [0.0] * len(self.sizes), self.long: [0.0] * len(self.sizes)}
+        self.overhead_short = np.clip(np.asarray(overheads[self.short], dtype=np.float64), 0.0, 1.0)
+        self.overhead_long = np.clip(np.asarray(overheads[self.long], dtype=np.float64), 0.0, 1.0)
+
+    def _weight(self, context: int) -> float:
+        if self.long == self.short:
+            return 0.0
+        return float(np.clip((context - self.short) / (self.long - self.short), 0, 1))
 
     def at(self, count: int, context: int) -> np.ndarray:
         """Shares at padded sizes ``1 .. count`` (size 1: 0) at ``context``."""
-        weight = (
-            0.0 if self.long == self.short else float(np.clip((context - self.short) / (self.long - self.short), 0, 1))
-        )
+        weight = self._weight(context)
         curve = (1 - weight) * self.at_short + weight * self.at_long
         shares = np.interp(np.arange(1, count + 1), self.sizes, curve)
         shares[0] = 0.0
         return shares
 
+    def overhead_at(self, count: int, context: int) -> np.ndarray:
+        """Flat-layout overheads at padded sizes ``1 .. count`` (size 1: 0) at ``context``."""
+        weight = self._weight(context)
+        curve = (1 - weight) * self.overhead_short + weight * self.overhead_long
+        overheads = np.interp(np.arange(1, count + 1), self.sizes, curve)
+        overheads[0] = 0.0
+        return overheads
+
     @staticmethod
     def blend(low: TokenShare, high: TokenShare, weight: float) -> TokenShare:
         """``(1 - weight) * low + weight * high`` at ``low``'s sizes and contexts."""
+
+        def mixed(pairs: tuple[tuple[int, np.ndarray, np.ndarray], ...]) -> dict[int, list[float]]:
+            return {
+                context: ((1 - weight) * own + weight * np.interp(low.sizes, high.sizes, other)).tolist()
+                for context, own, other in pairs
+            }
+
         return TokenShare(
             low.sizes.tolist(),
-            {
-                context: ((1 - weight) * own + weight * np.interp(low.sizes, high.sizes, other)).tolist()
-                for context, own, other in (
-                    (low.short, low.at_short, high.at_short),
-                    (low.long, low.at_long, high.at_long),
+            mixed(((low.short, low.at_short, high.at_short), (low.long, low.at_long, high.at_long))),
+            mixed(
+                (
+                    (low.short, low.overhead_short, high.overhead_short),
+                    (low.long, low.overhead_long, high.overhead_long),
                 )
-            },
+            ),
         )
 
     def state(self) -> dict[str, Any]:
         return {
+            "format": SHARE_FORMAT,
             "sizes": self.sizes.tolist(),
             "shares": {str(self.short): self.at_short.tolist(), str(self.long): self.at_long.tolist()},
+            "overheads": {str(self.short): self.overhead_short.tolist(), str(self.long): self.overhead_long.tolist()},
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> TokenShare:
-        return cls(state["sizes"], {int(context): values for context, values in state["shares"].items()})
+        """The share of :meth:`state`; a state of another :data:`SHARE_FORMAT` (one stored
+        before the flat overheads were measured, or measured otherwise) raises ``ValueError``,
+        so that it is measured again."""
+        if state.get("format") != SHARE_FORMAT:
+            raise ValueError(f"token share format {state.get('format')!r}, not {SHARE_FORMAT}")
+        return cls(
+            state["sizes"],
+            {int(context): values for context, values in state["shares"].items()},
+            {int(context): values for context, values in state["overheads"].items()},
+        )
 
 
-def measure_token_share(model: Any, batch: int, contexts: Sequence[int], rounds: int = 3) -> TokenShare:
+def measure_token_share(model: Any, batch: int, contexts: Sequence[int], rounds: int = 7) -> TokenShare:
     """:class:`TokenShare` of ``batch`` rows: at each padded size ``m`` of :data:`SHARE_SIZES`, a
     step where every row verifies ``m`` nodes against one where only the first row does (timed
-    in the same run). A forward that cannot run flat measures a share near 0, as it should."""
+    in the same run), and how much dearer than the padded step the flat one is where it is (its
+    layout's overhead). A forward that cannot run flat measures a share near 0, as it should."""
     sizes = [1, *SHARE_SIZES]
     shares: dict[int, list[float]] = {}
+    overheads: dict[int, list[float]] = {}
     for context in contexts:
-        uniform = measure_batch_forward_cost(model, batch, sizes, context=context, rounds=rounds)
-        single = measure_forward_cost(
-            model, sizes, context=context, rounds=rounds, statistic=np.min, batch=batch, one_row=True
-        )
-        values = []
+        # Both layouts interleaved, the median of their rounds: the differences measured are a
+        # few percent of a step, about the noise between two separate runs on a shared machine.
+        samples = time_layouts(model, sizes, (False, True), context, rounds, batch=batch)
+        uniform = {n: float(np.median(samples[(n, False)])) for n in sizes}
+        single = {n: float(np.median(samples[(n, True)])) for n in sizes}
+        values, extra = [], []
         curve = np.asarray([uniform[n] for n in sizes])
         for m in SHARE_SIZES:
             # single = T(m) - s * (T(m) - T(1 + (m - 1) / B)): flat_step_seconds solved for s.
             spread = float(np.interp(1 + (m - 1) / batch, sizes, curve))
             saved = uniform[m] - spread
             values.append(float(np.clip((uniform[m] - single[m]) / saved, 0.0, 1.0)) if saved > 0 else 0.0)
+            # A flat step dearer than the padded one with every row at m: the flat layout's own work.
+            extra.append(max(0.0, single[m] / uniform[m] - 1.0))
         shares[context] = values
-    return TokenShare(list(SHARE_SIZES), shares)
+        overheads[context] = extra
+    return TokenShare(list(SHARE_SIZES), shares, overheads)
 
 
 def interpolated(low: CostModel, high: CostModel, weight: float) -> CostModel:

@@ -67,6 +67,23 @@ def measure_forward_cost(
     Returns:
         ``{size: statistic of the rounds' seconds}``.
     """
+    samples = time_layouts(model, sizes, (one_row,), context, rounds, seed, batch)
+    return {n: float(statistic(times)) for (n, _), times in samples.items()}
+
+
+def time_layouts(
+    model: Any,
+    sizes: Sequence[int],
+    layouts: Sequence[bool],
+    context: int,
+    rounds: int,
+    seed: int = 0,
+    batch: int = 1,
+) -> dict[tuple[int, bool], list[float]]:
+    """Seconds of every round's tree forward per ``(size, one_row)``: every row verifying a
+    ``size``-node tree (``one_row`` false), or the first one alone, the others their roots. All
+    cases run interleaved in one verifier (one untimed pass first), so that machine noise hits
+    them alike and their differences are measured, not the drift between two runs."""
     if not sizes or any(int(n) < 1 for n in sizes):
         raise InvalidArgumentError(f"sizes must be positive tree sizes, got {list(sizes)}")
     if batch < 1 or context < 1 or rounds < 1:
@@ -84,10 +101,10 @@ def measure_forward_cost(
         if verifier.device.type == "cuda":
             torch.cuda.synchronize(verifier.device)
 
-    samples: dict[int, list[float]] = {n: [] for n in trees}
-    order = list(trees)
+    order = [(n, one_row) for n in trees for one_row in dict.fromkeys(layouts)]
+    samples: dict[tuple[int, bool], list[float]] = {case: [] for case in order}
     for round_index in range(rounds + 1):
-        for n in order[round_index % len(order) :] + order[: round_index % len(order)]:
+        for n, one_row in order[round_index % len(order) :] + order[: round_index % len(order)]:
             synchronize()
             start = time.perf_counter()
             verifier.forward_trees([trees[n]] + [roots if one_row else trees[n]] * (batch - 1))
@@ -95,8 +112,8 @@ def measure_forward_cost(
             elapsed = time.perf_counter() - start
             verifier.discard_uncommitted()  # the prefix stays put
             if round_index > 0:
-                samples[n].append(elapsed)
-    return {n: float(statistic(times)) for n, times in samples.items()}
+                samples[(n, one_row)].append(elapsed)
+    return samples
 
 
 #: Context lengths the cost curve is measured at; t(n) at other lengths is interpolated.

@@ -51,6 +51,7 @@ class StepReport:
             whole step.
         drafted: the step drafted (``False``: a plain step chosen by :meth:`AutoCapacity.drafts`,
             with no trees, no top-k and no drafter bookkeeping).
+        flat: the forward ran flat (the rows' real nodes only), not padded to ``padded``.
     """
 
     rows: list[int]
@@ -66,6 +67,7 @@ class StepReport:
     forward: float
     step: float
     drafted: bool = True
+    flat: bool = False
 
 
 #: Steps per block of one drafting mode at a batch size.
@@ -175,6 +177,9 @@ def drafting_switch(key: str) -> DraftingSwitch:
 class FixedCapacity:
     """Every row verifies its drafter's tree, of at most ``limit`` nodes (root included)."""
 
+    #: Trees of different sizes run flat wherever the verifier can.
+    step_flat = True
+
     def __init__(self, limit: int) -> None:
         self.limit = limit
 
@@ -234,8 +239,11 @@ class AutoCapacity:
         self.batch_sizes: dict[int, Counter[int]] = {}
         self.padded_sizes: dict[int, Counter[int]] = {}
         self.switch = drafting_switch(self.key)
-        # Per batch size, the last cut's step prices and token shares (for :meth:`_as_uniform`).
-        self.flat_prices: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # Per batch size, the last cut's step prices, token shares and flat overheads (for
+        # :meth:`_as_uniform`).
+        self.flat_prices: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # Whether the last cut's step runs flat (else padded to its largest tree).
+        self.step_flat = False
         # The cost curves' measurement on first use (a part of the call's total time).
         self.setup_seconds = time.perf_counter() - started
 
@@ -266,11 +274,13 @@ class AutoCapacity:
         self, proposals: list[Proposal], rows: Sequence[int], context: int, flat: bool = False
     ) -> tuple[list[Proposal], list[SizeChoice]]:
         """Every row's best-first prefix: one row's by the single-request rule, a batch's by the
-        most expected tokens per second of the batched forward (``flat``: one that computes the
-        real nodes only, :func:`racer_rs.autosize.batch_sizer.best_flat_sizes`; else padded to
-        the largest tree, where every row fills the padding)."""
-        from racer_rs.autosize.batch_sizer import best_flat_sizes
+        most expected tokens per second of the batched forward (``flat``: the verifier can
+        compute the real nodes only, and the step runs flat or padded, whichever pays more,
+        :func:`racer_rs.autosize.batch_sizer.best_layout_sizes`, its choice left in
+        :attr:`step_flat`; else padded to the largest tree, where every row fills the padding)."""
+        from racer_rs.autosize.batch_sizer import best_flat_sizes, best_layout_sizes
 
+        self.step_flat = False
         if len(rows) == 1:
             choice = self.sizers[rows[0]].choose(proposals[0].tree, context)
             return [restrict(proposals[0], choice.keep)], [choice]
@@ -279,10 +289,17 @@ class AutoCapacity:
         cost = self.costs.for_batch(len(rows))
         # Per-size corrections are learned from noisy steps; a bigger tree never costs less.
         steps = np.maximum.accumulate(cost.step_seconds(np.arange(1, max(limits) + 1), context))
-        share = self.costs.token_share(len(rows)).at(len(steps), context) if flat else np.zeros(len(steps))
-        sizes = best_flat_sizes([r.corrected[: n - 1] for r, n in zip(rankings, limits, strict=True)], steps, share)
+        probabilities = [r.corrected[: n - 1] for r, n in zip(rankings, limits, strict=True)]
+        if flat:
+            token_share = self.costs.token_share(len(rows))
+            share = token_share.at(len(steps), context)
+            overhead = token_share.overhead_at(len(steps), context)
+            sizes, self.step_flat = best_layout_sizes(probabilities, steps, share, overhead)
+        else:
+            share, overhead = np.zeros(len(steps)), np.zeros(len(steps))
+            sizes = best_flat_sizes(probabilities, steps, share)
         choices = [r.prefix(int(size)) for r, size in zip(rankings, sizes, strict=True)]
-        self.flat_prices[len(rows)] = (steps, share)
+        self.flat_prices[len(rows)] = (steps, share, overhead)
         return [restrict(p, c.keep) for p, c in zip(proposals, choices, strict=True)], choices
 
     def observe(self, report: StepReport) -> None:
@@ -328,11 +345,11 @@ class AutoCapacity:
 
         prices = self.flat_prices.get(len(report.rows))
         m = report.padded
-        if prices is None or m < 2 or m > len(prices[0]):
+        if not report.flat or prices is None or m < 2 or m > len(prices[0]):
             return report.step
-        steps, share = prices
+        steps, share, overhead = prices
         extra = np.full(len(steps), sum(len(p.tree) - 1 for p in report.verified), dtype=np.float64)
-        flat = float(flat_step_seconds(steps, share, extra, len(report.rows))[m - 1])
+        flat = float(flat_step_seconds(steps, share, extra, len(report.rows), overhead)[m - 1])
         return report.step * float(steps[m - 1]) / flat if flat > 0 else report.step
 
     def finish(self, row: int, context: int) -> dict[str, Any]:

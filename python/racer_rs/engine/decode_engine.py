@@ -460,6 +460,7 @@ class DecodeEngine:
                 forward=verified_at - drafted,
                 step=finished - started,
                 drafted=drafting,
+                flat=self.verifier.last_flat,
             )
         )
         self._drop_finished()
@@ -498,7 +499,8 @@ class DecodeEngine:
         trees = [p.tree for p in proposals]
         for state, tree in zip(live, trees, strict=True):
             state.tree_nodes += len(tree)
-        logits = self.verifier.forward_trees(trees)  # [K, V]: the rows' nodes one after another
+        # [K, V]: the rows' nodes one after another; flat or padded as the policy priced the step.
+        logits = self.verifier.forward_trees(trees, flat=self.policy.step_flat)
         offsets = tree_offsets([len(tree) for tree in trees])
         chains = [self.chain is not None and p.draft_probs is not None and len(p.tree) > 1 for p in proposals]
         steps = [

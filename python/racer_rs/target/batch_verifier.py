@@ -169,6 +169,7 @@ class BatchVerifier:
         tree_tokens: real tree nodes among them (what a flat forward processes).
         flat: trees of different sizes are verified flat (``flat_forwards`` and SDPA attention;
             turned off for good if the model's attention turns out not to support it).
+        last_flat: the last :meth:`forward_trees` ran flat.
     """
 
     def __init__(self, model: PreTrainedModel, flat_forwards: bool = True) -> None:
@@ -185,6 +186,7 @@ class BatchVerifier:
         self.tree_tokens = 0
         # Flat forwards need this module's attention (SDPA switched by gqa_attention).
         self.flat = flat_forwards and getattr(model.config, "_attn_implementation", None) == "sdpa"
+        self.last_flat = False
 
     @property
     def batch(self) -> int:
@@ -329,16 +331,19 @@ class BatchVerifier:
         }
 
     @torch.inference_mode()
-    def forward_trees(self, trees: Sequence[DraftTree]) -> torch.Tensor:
+    def forward_trees(self, trees: Sequence[DraftTree], flat: bool = True) -> torch.Tensor:
         """Score every live row's tree in one forward pass.
 
         Trees of different sizes run flat (:attr:`flat`, see
-        :mod:`racer_rs.target.attention`): the forward computes the real nodes only; trees of one
-        size (a plain step, one row) run padded, which is then the same forward. Appends
-        ``n_max`` columns to the cache (they stay until :meth:`commit`).
+        :mod:`racer_rs.target.attention`) unless ``flat`` is false: the forward computes the real
+        nodes only; trees of one size (a plain step, one row) run padded, which is then the same
+        forward. :attr:`last_flat` says which one ran. Appends ``n_max`` columns to the cache
+        (they stay until :meth:`commit`).
 
         Args:
             trees: one tree per live row, in row order.
+            flat: whether trees of different sizes may run flat (``False``: padded to the
+                largest tree, as a caller that priced the step padded wants).
 
         Returns:
             ``[K, V]`` raw logits of the ``K`` nodes, the rows' trees one after another: row
@@ -349,7 +354,8 @@ class BatchVerifier:
         self.tree_tokens += sum(sizes)
         self.padded_tokens += len(sizes) * max(sizes)
         uniform = len(set(sizes)) == 1
-        if self.flat and not uniform:
+        self.last_flat = self.flat and flat and not uniform
+        if self.last_flat:
             try:
                 return self._forward(trees, flat=True)
             except FlatLayoutUnsupported:
@@ -358,7 +364,7 @@ class BatchVerifier:
                 for layer in self._layers():
                     if layer.get_seq_length() > self.physical:
                         layer.crop(self.physical - layer.get_seq_length())
-                self.flat = False
+                self.flat = self.last_flat = False
         logits = self._forward(trees, flat=False)
         if uniform:
             return logits.reshape(-1, logits.shape[-1])
