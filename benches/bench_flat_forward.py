@@ -6,8 +6,9 @@ times ``BatchVerifier.forward_trees`` on SmolLM2-135M-Instruct (bfloat16 by defa
 ``--batch`` rows of a random ``context``-token prefix, for a few mixes of tree sizes, once flat
 (the real nodes only; attention laid out padded) and once padded to the largest tree, interleaved
 over ``--rounds`` rounds (the fastest round is kept: other load only ever adds time). ``K`` is the
-real nodes, ``m`` the largest tree. It then prints the token share ``capacity="auto"`` measures
-for that batch size (:func:`racer_rs.autosize.batch_sizer.measure_token_share`).
+real nodes, ``m`` the largest tree. It then prints the token share and the flat layout's
+overhead ``capacity="auto"`` measures for that batch size
+(:func:`racer_rs.autosize.batch_sizer.measure_token_share`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from racer_rs.target.verifier import vocab_size
 
 
 def mixes(batch: int) -> list[list[int]]:
-    """Tree sizes per row: a quarter of the rows deep, a spread, all equal, all roots."""
+    """Tree sizes per row: a quarter of the rows deep, a spread, all equal, all roots, one row
+    of two nodes and every row of two (the choice ``capacity="auto"`` makes most often: one
+    node more for one row flat, or for every row padded)."""
     quarter = max(1, batch // 4)
     spread = [16, 8, 4, 2][:batch]
     return [
@@ -36,6 +39,8 @@ def mixes(batch: int) -> list[list[int]]:
         spread + [1] * (batch - len(spread)),
         [8] * batch,
         [1] * batch,
+        [2] + [1] * (batch - 1),
+        [2] * batch,
     ]
 
 
@@ -77,12 +82,18 @@ def main() -> int:
                 f" ({padded / flat:.2f}x)"
             )
     share = measure_token_share(model, args.batch, args.contexts)
-    print("token share (share of a step's cost above a plain one that grows with the nodes):")
+    print(
+        "token share (share of a step's cost above a plain one that grows with the nodes) and flat "
+        "overhead (a flat step with one row at m over the padded one with every row at m):"
+    )
     for context in args.contexts:
         values = share.at(int(share.sizes.max()), context)[share.sizes - 1]
+        overheads = share.overhead_at(int(share.sizes.max()), context)[share.sizes - 1]
         print(
             f"   {context}-token context: "
-            + ", ".join(f"m={m} {v:.2f}" for m, v in zip(share.sizes, values, strict=True))
+            + ", ".join(
+                f"m={m} {v:.2f} (+{100 * o:.1f}%)" for m, v, o in zip(share.sizes, values, overheads, strict=True)
+            )
         )
     print("reproduce: python " + " ".join([sys.argv[0], *sys.argv[1:]]))
     return 0
