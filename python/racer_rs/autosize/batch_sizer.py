@@ -190,9 +190,9 @@ def best_layout_sizes(
     every layer scatters the rows' queries and keys and gathers the outputs). Where the share is
     small (few rows, a short context: the projections cost about the same for 8 tokens as for
     16 on a CPU) the padded step verifies more nodes for less (SmolLM2-135M, bfloat16, one
-    thread, this CPU, median of 15 interleaved rounds: every row verifying one more node cost
-    1.02x a plain step at 4 rows and 1.04x at 8 padded, one row verifying one more node 1.06x
-    at both, flat; at 16 rows the two cost the same).
+    thread, this CPU, a 150-token context: every row verifying one more node padded 40.4 ms at 4
+    rows and 45.9 at 8, one row verifying one more node flat 42.4 and 47.9;
+    ``benches/bench_flat_forward.py``).
 
     Returns:
         ``(sizes, flat)``: ``int64[B]`` sizes ``>= 1`` and whether the step runs flat.
@@ -277,7 +277,7 @@ class TokenShare:
         shares: ``{context: shares at those sizes}`` at two context lengths.
         overheads: ``{context: overheads at those sizes}`` (default none): a flat step in which
             one row verifies ``m`` nodes took ``1 + overhead`` times the step in which every row
-            does, padded (SmolLM2-135M on this CPU at ``m = 2``: 1.04 at 4 rows, 1.01 at 8).
+            does, padded (SmolLM2-135M on this CPU at ``m = 2``: 1.01 to 1.05 at 2 to 16 rows).
     """
 
     def __init__(
