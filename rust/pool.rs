@@ -562,6 +562,68 @@ impl DraftPool {
         Ok(())
     }
 
+    /// Write copy-logit rows of several requests in one call: request `ids[i]` gets the next
+    /// `lengths[i]` rows of `tokens` (with their `topk_ids` rows of `k` ids and, if given,
+    /// probabilities), written as `update_topk` writes them. Everything is checked before
+    /// anything is written.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if the batch is empty, an id is unknown or repeated, the lengths do not
+    /// hold one entry per id or add up to `tokens.len()`, the shapes disagree, an id is outside
+    /// the vocabulary or a probability outside `[0, 1]` (the message names the request);
+    /// nothing is written then.
+    pub fn update_topk_many(
+        &self,
+        ids: &[RequestId],
+        tokens: &[i32],
+        topk_ids: &[i32],
+        k: usize,
+        topk_probs: Option<&[f32]>,
+        lengths: &[i64],
+    ) -> Result<()> {
+        let requests = self.requests.read();
+        let entries = Self::resolve(&requests, ids)?;
+        let parts = split_ragged(tokens, lengths, ids)?;
+        let o = &self.options;
+        if k != o.breadth || topk_ids.len() != tokens.len() * k {
+            // The whole batch's shapes (each request's slice is checked below).
+            LogitsTable::check_update(o.vocab_size, o.breadth, tokens, topk_ids, k, None)?;
+        }
+        if topk_probs.is_some_and(|p| p.len() != topk_ids.len()) {
+            return Err(invalid(
+                "topk_probs",
+                format!(
+                    "expected {} probabilities, one per id in topk_ids",
+                    topk_ids.len()
+                ),
+            ));
+        }
+        let mut rows = alloc::with_capacity(ids.len(), "the requests' rows")?;
+        let mut start = 0usize;
+        for (id, part) in ids.iter().zip(&parts) {
+            let span = start * k..(start + part.len()) * k;
+            let probs = topk_probs.map(|p| &p[span.clone()]);
+            LogitsTable::check_update(
+                o.vocab_size,
+                o.breadth,
+                part,
+                &topk_ids[span.clone()],
+                k,
+                probs,
+            )
+            .map_err(|e| about(e, id))?;
+            rows.push((span, probs));
+            start += part.len();
+        }
+        for ((entry, part), (span, probs)) in entries.into_iter().zip(&parts).zip(rows) {
+            let mut state = entry.state.lock();
+            if let Some(table) = state.table.as_mut() {
+                table.update_with_probs(part, &topk_ids[span], k, probs)?;
+            }
+        }
+        Ok(())
+    }
+
     /// One draft tree per request: request `ids[i]`'s tree is rooted at `last_tokens[i]` and
     /// holds at most `capacities[i]` nodes, built exactly as `build_draft_tree` builds it from
     /// that request's automaton and table with the pool's options. Refreshes the LRU recency of

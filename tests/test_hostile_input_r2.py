@@ -39,6 +39,11 @@ SIGNED = [np.int8, np.int16, np.int32, np.int64]
 UNSIGNED = [np.uint8, np.uint16, np.uint32, np.uint64]
 
 
+def _ones(rows: int) -> np.ndarray:
+    """Top-k rows of the test pool's breadth (8)."""
+    return np.ones((rows, 8), np.int32)
+
+
 def _pool() -> racer_rs.DraftPool:
     pool = racer_rs.DraftPool(100)
     pool.add("a", [1, 2, 3, 1, 2])
@@ -75,6 +80,7 @@ ID_ENTRY_POINTS: list[tuple[str, str, Callable[[Any], Any]]] = [
     ("DraftPool.extend", "tokens", lambda ids: _pool().extend(["a"], [ids])),
     ("DraftPool.extend(lengths=)", "tokens", lambda ids: _pool().extend(["a"], ids, lengths=[len(ids)])),
     ("DraftPool.update_topk", "tokens", lambda ids: _pool().update_topk("a", ids, np.ones((len(ids), 8), np.int32))),
+    ("DraftPool.update_topk_many", "tokens", lambda t: _pool().update_topk_many(["a"], t, _ones(len(t)), [len(t)])),
     ("DraftPool.propose", "last_tokens", lambda ids: _pool().propose(["a"] * len(ids), ids, 4)),
 ]  # fmt: skip
 

@@ -724,6 +724,33 @@ class DraftPool:
             TypeError: (``InvalidTypeError``) if an array has the wrong dtype.
         """
 
+    def update_topk_many(
+        self,
+        ids: Sequence[_RequestId],
+        tokens: _TokenArray,
+        topk_ids: npt.NDArray[np.int32] | npt.NDArray[np.int64],
+        lengths: _TokenArray,
+        topk_probs: npt.NDArray[np.float32] | npt.NDArray[np.float64] | None = None,
+    ) -> None:
+        """Write copy-logit rows of several requests in one call: request ``ids[i]`` gets the
+        next ``lengths[i]`` entries of ``tokens`` (and their rows of ``topk_ids`` and
+        ``topk_probs``), written as :meth:`update_topk` writes them.
+
+        Args:
+            ids: distinct request ids (at least one).
+            tokens: ``[n]`` token ids whose rows are written, the requests' back to back.
+            topk_ids: ``[n, breadth]`` ids (the target's top-k after each token).
+            lengths: rows per id (``>= 0``, adding up to ``n``).
+            topk_probs: ``[n, breadth]`` probabilities in ``[0, 1]`` of those ids.
+
+        Raises:
+            ValueError: (``InvalidArgumentError``) if ``ids`` is empty, an id is unknown or
+                repeated, the lengths do not add up, the shapes disagree, an id is outside
+                ``0..vocab_size`` or a probability outside ``[0, 1]``; the message names the
+                request and nothing is written.
+            TypeError: (``InvalidTypeError``) if an id or an array has the wrong type.
+        """
+
     def retrieval_chains(
         self, ids: Sequence[_RequestId], last_tokens: _TokenArray, max_len: int, *, shared: Automaton | None = None
     ) -> BatchDraft:

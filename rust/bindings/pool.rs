@@ -529,6 +529,72 @@ impl PyDraftPool {
         Ok(py.detach(|| self.inner.update_topk(&id, tokens, &ids, k, probs))?)
     }
 
+    /// Write copy-logit rows of several requests in one call (as ``update_topk`` per request).
+    #[pyo3(signature = (ids = Given::MISSING, tokens = Given::MISSING, topk_ids = Given::MISSING, lengths = Given::MISSING, topk_probs = Given::MISSING, /, *extra, **kwargs))]
+    #[pyo3(text_signature = "($self, ids, tokens, topk_ids, lengths, topk_probs=None)")]
+    #[allow(clippy::too_many_arguments)]
+    fn update_topk_many(
+        &self,
+        py: Python<'_>,
+        ids: Given<'_>,
+        tokens: Given<'_>,
+        topk_ids: Given<'_>,
+        lengths: Given<'_>,
+        topk_probs: Given<'_>,
+        extra: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        const SIGNATURE: Signature<4, 1> = Signature::new(
+            "DraftPool.update_topk_many",
+            ["ids", "tokens", "topk_ids", "lengths"],
+            ["topk_probs"],
+            &[],
+        );
+        let ([ids, tokens, topk_ids, lengths], [topk_probs]) = SIGNATURE.bind(
+            [ids, tokens, topk_ids, lengths],
+            [topk_probs],
+            extra,
+            kwargs,
+        )?;
+        let ids = request_ids(&ids)?;
+        let t = int_arg(&tokens, "tokens")?;
+        let (rows, n, k) = matrix(&topk_ids, "topk_ids")?;
+        if n != t.as_slice().len() {
+            return Err(value_error(
+                "topk_ids",
+                format!("has {n} rows but tokens has {} entries", t.as_slice().len()),
+            ));
+        }
+        let probs = unless_none(topk_probs)
+            .map(|p| prob_matrix(&p, "topk_probs"))
+            .transpose()?;
+        if let Some((_, pn, pk)) = &probs {
+            if (*pn, *pk) != (n, k) {
+                return Err(value_error(
+                    "topk_probs",
+                    format!("shape ({pn}, {pk}) differs from topk_ids ({n}, {k})"),
+                ));
+            }
+        }
+        let lengths = int_arg(&lengths, "lengths")?;
+        let lengths = lengths.as_slice();
+        let lengths: Vec<i64> = converted("lengths", lengths.len(), lengths.iter(), |&n| {
+            Ok(i64::from(n))
+        })?;
+        let probs = probs.as_ref().map(|(p, _, _)| p.as_slice());
+        let tokens = t.as_slice();
+        // A step's rows are a few dozen: releasing the GIL would cost about as much.
+        if tokens.len() < DETACH_MIN_TOKENS {
+            return Ok(self
+                .inner
+                .update_topk_many(&ids, tokens, &rows, k, probs, &lengths)?);
+        }
+        Ok(py.detach(|| {
+            self.inner
+                .update_topk_many(&ids, tokens, &rows, k, probs, &lengths)
+        })?)
+    }
+
     /// Per request, its automaton's longest-match chain rooted at ``last_tokens[i]``
     /// (``Automaton.chain``), at most ``max_len`` tokens after the root, as one-path trees;
     /// with ``shared``, that automaton's chain after the request's latest tokens instead.

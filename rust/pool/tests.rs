@@ -625,3 +625,96 @@ fn a_shared_continuation_beyond_the_vocabulary_is_refused_naming_the_request() {
         assert!(ok.trees()[0].tokens().iter().all(|&t| (t as usize) < vocab));
     }
 }
+
+#[test]
+fn batched_copy_logit_writes_equal_one_call_per_request() {
+    for (scored, with_probs) in [(false, false), (true, true)] {
+        let o = options(50, scored);
+        let (one, many) = (DraftPool::new(o, 1).unwrap(), DraftPool::new(o, 1).unwrap());
+        let ids: Vec<RequestId> = vec![3.into(), "b".into(), 11.into()];
+        let mut seed = 17;
+        for id in &ids {
+            let prompt = stream(&mut seed, 120, 50);
+            one.add(id.clone(), &prompt).unwrap();
+            many.add(id.clone(), &prompt).unwrap();
+        }
+        for step in 0..6 {
+            // Ragged rows per request, one of them none; tokens repeat, so the last write wins.
+            let lengths: Vec<i64> = (0..ids.len()).map(|i| ((step + i) % 4) as i64).collect();
+            let total = lengths.iter().sum::<i64>() as usize;
+            let (t, k, p) = topk_rows(&mut seed, total, 3, 12);
+            let probs = with_probs.then_some(p.as_slice());
+            let mut start = 0;
+            for (id, &n) in ids.iter().zip(&lengths) {
+                let end = start + n as usize;
+                let rows = probs.map(|p| &p[start * 3..end * 3]);
+                one.update_topk(id, &t[start..end], &k[start * 3..end * 3], 3, rows)
+                    .unwrap();
+                start = end;
+            }
+            many.update_topk_many(&ids, &t, &k, 3, probs, &lengths)
+                .unwrap();
+            let next: Vec<i32> = ids.iter().map(|_| (lcg(&mut seed) % 12) as i32).collect();
+            let caps = vec![16; ids.len()];
+            assert_eq!(
+                one.propose(&ids, &next, &caps, None).unwrap(),
+                many.propose(&ids, &next, &caps, None).unwrap(),
+                "step {step}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_bad_batched_copy_logit_write_changes_no_request() {
+    let (pool, ids) = filled_pool(1, 3);
+    let next = vec![1, 2, 3];
+    let caps = vec![16; 3];
+    let before = pool.propose(&ids, &next, &caps, None).unwrap();
+    let message = |r: Result<()>| r.unwrap_err().to_string();
+    let t = [1, 2, 3];
+    let k = [4, 5, 6, 7, 8, 9, 10, 11, 12];
+    for (result, expected) in [
+        (
+            message(pool.update_topk_many(
+                &ids,
+                &t,
+                &[4, 5, 6, 7, 8, 9, 10, 11, 99],
+                3,
+                None,
+                &[1, 1, 1],
+            )),
+            "topk_ids (14): token 99 is outside 0..50",
+        ),
+        (
+            message(pool.update_topk_many(&ids, &t, &k, 3, None, &[1, 1])),
+            "lengths: expected one length per id (3), got 2",
+        ),
+        (
+            message(pool.update_topk_many(&ids, &t, &k, 3, None, &[1, 1, 2])),
+            "lengths[2] (14): the lengths so far exceed the 3 tokens given",
+        ),
+        (
+            message(pool.update_topk_many(&ids, &t, &k, 3, Some(&[0.5; 8]), &[1, 1, 1])),
+            "topk_probs: expected 9 probabilities",
+        ),
+        (
+            message(pool.update_topk_many(&ids, &t, &k[..6], 2, None, &[1, 1, 1])),
+            "topk_ids: expected 3 columns, got 2",
+        ),
+        (
+            message(pool.update_topk_many(
+                &[ids[0].clone(), ids[0].clone()],
+                &t[..2],
+                &k[..6],
+                3,
+                None,
+                &[1, 1],
+            )),
+            "ids[1] (0): duplicate request id (also ids[0])",
+        ),
+    ] {
+        assert!(result.contains(expected), "{result:?} lacks {expected:?}");
+    }
+    assert_eq!(pool.propose(&ids, &next, &caps, None).unwrap(), before);
+}

@@ -636,6 +636,47 @@ BAD_CALLS = [
         InvalidTypeError,
         r"^ids\[1\]: a request id must be an int or a str, got NoneType",
     ),
+    # update_topk_many: every request's rows checked before any is written
+    (
+        lambda p: p.update_topk_many(["a", "zz"], [1, 2], np.zeros((2, 2), dtype=I32), [1, 1]),
+        InvalidArgumentError,
+        r"^ids\[1\] \('zz'\): unknown request id",
+    ),
+    (
+        lambda p: p.update_topk_many(["a", 7], [1, 2], np.array([[1, 2], [1, 10]], dtype=I32), [1, 1]),
+        InvalidArgumentError,
+        r"^topk_ids \(7\): token 10 is outside",
+    ),
+    (
+        lambda p: p.update_topk_many(["a", 7], [1, 2], np.zeros((2, 2), dtype=I32), [1]),
+        InvalidArgumentError,
+        r"^lengths: expected one length per id \(2\), got 1",
+    ),
+    (
+        lambda p: p.update_topk_many(["a", 7], [1, 2], np.zeros((2, 2), dtype=I32), [2, 1]),
+        InvalidArgumentError,
+        r"^lengths\[1\] \(7\): the lengths so far exceed the 2 tokens given",
+    ),
+    (
+        lambda p: p.update_topk_many(["a", 7], [1, 2], np.zeros((2, 2), dtype=I32), [1, -1]),
+        InvalidArgumentError,
+        r"^lengths\[1\] \(7\): must be >= 0",
+    ),
+    (
+        lambda p: p.update_topk_many(["a", 7], [1, 2], np.zeros((3, 2), dtype=I32), [1, 1]),
+        InvalidArgumentError,
+        r"^topk_ids: has 3 rows but tokens has 2",
+    ),
+    (
+        lambda p: p.update_topk_many(["a"], [1], np.zeros((1, 2), dtype=I32), [1], np.full((1, 2), 1.5)),
+        InvalidArgumentError,
+        r"^topk_probs \('a'\)",
+    ),
+    (
+        lambda p: p.update_topk_many(["a"], [1], np.zeros((1, 2), dtype=np.float32), [1]),
+        InvalidTypeError,
+        r"^topk_ids: expected a int32",
+    ),
     # update_topk
     (
         lambda p: p.update_topk("zz", [1], np.zeros((1, 2), dtype=I32)),
@@ -747,6 +788,18 @@ BAD_CALLS = [
     (lambda p: p.propose(["a"], [1], 8).tree(1), InvalidArgumentError, r"^i: index 1 is outside -1\.\.1"),
     (lambda p: p.propose(["a"], [1], 8).chains(-1), InvalidArgumentError, r"^k: must be >= 0"),
 ]
+
+
+def test_batched_copy_logit_writes_equal_one_call_per_request():
+    one, many = make_pool(), make_pool()
+    tokens = np.asarray([1, 2, 1, 5], dtype=np.int32)
+    rows = np.asarray([[2, 3], [4, 5], [6, 7], [8, 9]], dtype=np.int32)
+    probs = np.asarray([[0.5, 0.2], [0.4, 0.3], [0.9, 0.05], [0.6, 0.1]], dtype=np.float32)
+    one.update_topk("a", tokens[:3], rows[:3], probs[:3])
+    one.update_topk(7, tokens[3:], rows[3:], probs[3:])
+    many.update_topk_many(["a", 7], tokens, rows, np.asarray([3, 1]), probs)
+    assert snapshot(many) == snapshot(one)
+    assert snapshot(many) != snapshot(make_pool())  # the rows were written
 
 
 @pytest.mark.parametrize(("call", "exc", "message"), BAD_CALLS)

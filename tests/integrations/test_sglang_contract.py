@@ -25,6 +25,7 @@ import pytest
 from racer_rs import Automaton, LogitsTable, build_draft_tree, optional_deps
 from racer_rs.errors import InvalidArgumentError, MissingDependencyError, UnsupportedError
 from racer_rs.integrations import sglang as plugin
+from racer_rs.integrations._shared import copy_logit_order
 from racer_rs.integrations.options import ServingOptions
 from racer_rs.integrations.sglang import RacerCorpus, resolve_server_args
 from tests.integrations.engine_reference import check_sglang_tree_rows, sglang_links, verify_tree_greedy
@@ -227,6 +228,41 @@ def test_verify_outcome_writes_copy_logit_rows_rejected_first_then_path():
     # A batch that is not the last layout's writes nothing.
     assert not corpus.observe_verify(["other"], [committed], topk)
     assert corpus.stats["logit_skips"] == 1
+
+
+def test_a_batch_s_rows_are_written_as_one_call_per_request_would():
+    """Every request's copy-logit rows in one pool call, each from its own verify rows, as one
+    update per request writes them (a write that mixes up the rows is caught: the counterpart)."""
+    n = 8
+    seqs = {"a": code_like(5, 60), "b": code_like(9, 50)}
+
+    def corpus_at_verify() -> tuple[RacerCorpus, np.ndarray]:
+        made = RacerCorpus(n, VOCAB, ServingOptions())
+        for rid, seq in seqs.items():
+            made.sync(rid, array("q", seq), array("q"))
+        tokens, _ = get(made, list(seqs), list(seqs.values()))
+        return made, tokens.reshape(len(seqs), n)
+
+    batched, tokens = corpus_at_verify()
+    topk = np.random.default_rng(1).integers(0, VOCAB, (2 * n, 8))
+    # "a" accepts its first node after the root (when it has one), "b" none: bonus tokens only.
+    committed = [[int(tokens[0, 1]), 3] if batched._last.sizes[0] > 1 else [3], [4]]
+    sizes = batched._last.sizes.copy()
+    paths = [batched.accepted_path(b, c[:-1]) for b, c in enumerate(committed)]
+    assert batched.observe_verify(list(seqs), committed, topk)
+    references = []
+    for shift in (0, 1):
+        reference, _ = corpus_at_verify()
+        for b, rid in enumerate(seqs):
+            order = copy_logit_order(int(sizes[b]), paths[b])
+            reference.pool.update_topk(rid, tokens[b, order], topk[(b * n + order + shift) % (2 * n)])
+        references.append(reference)
+
+    def drafts(corpus: RacerCorpus) -> list[list[int]]:
+        return [corpus.pool.propose([rid], [t], 8).tree(0).tokens.tolist() for rid in seqs for t in range(VOCAB)]
+
+    assert drafts(batched) == drafts(references[0])
+    assert drafts(batched) != drafts(references[1])
 
 
 def test_an_accepted_padding_node_writes_token_zeros_row():

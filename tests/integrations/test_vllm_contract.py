@@ -262,6 +262,48 @@ def test_verify_logits_are_attributed_exactly_or_skipped(engine_free):
     assert proposer.stats["logit_skips"] == 2
 
 
+def test_a_steps_copy_logit_rows_are_written_as_one_call_per_request_would(engine_free):
+    """Every continued request's rows in one pool call: the rejected drafts' rows, then the
+    accepted ones', each from its own logits row; the same as one update per request (and a
+    write that mixes up the rows is caught: the counterpart)."""
+    torch = pytest.importorskip("torch")
+    from racer_rs import DraftPool
+    from racer_rs.integrations._shared import copy_logit_order
+
+    proposer = RacerProposer(config(4, 200), options=ServingOptions(adaptive=False))
+    proposer.load_model(FakeTarget())
+    rng = np.random.default_rng(3)
+
+    def pool() -> DraftPool:
+        made = DraftPool(VOCAB, breadth=8, use_retrieval=False)
+        for key in (1, 2):
+            made.add(key, [5, 6, 7])
+        return made
+
+    requests = [integration._Request(key, np.zeros(8, dtype=np.int32), 0, True) for key in (1, 2)]
+    # Request 1 drafted 3 tokens and accepted 1 (then its bonus); request 2 drafted 2, accepted 2.
+    continued = [
+        integration._Continued(requests[0], [11, 40], 0, 9, [11, 9, 13], 0),
+        integration._Continued(requests[1], [20, 21, 42], 4, 9, [20, 21], 1),
+    ]
+    ids = torch.from_numpy(rng.integers(0, VOCAB, (7, 8)))
+    batched, reference, mixed = pool(), pool(), pool()
+    proposer._write_logits(batched, [(ids, None)], continued, 7)
+    for target, shift in ((reference, 0), (mixed, 1)):
+        for c in continued:
+            nodes = np.array([c.root, *c.chain], dtype=np.int64)
+            order = copy_logit_order(len(nodes), range(len(c.sampled)))
+            rows = (c.first_row + order + shift) % 7
+            target.update_topk(c.request.key, nodes[order], ids.numpy()[rows])
+
+    def drafts(made: DraftPool) -> list[list[int]]:
+        return [made.propose([key], [t], 8).tree(0).tokens.tolist() for key in (1, 2) for t in range(VOCAB)]
+
+    assert proposer.stats["logit_steps"] == 1
+    assert drafts(batched) == drafts(reference)
+    assert drafts(batched) != drafts(mixed)
+
+
 def test_config_without_model_config_drafts_from_retrieval(engine_free):
     proposer = RacerProposer(config(3, max_model_len=None))  # vLLM's own test passes only this
     assert proposer.max_model_len is None and proposer.vocab_size is None

@@ -191,15 +191,10 @@ class PoolDrafting(Drafting):
 
     def observe(self, rows: Sequence[int], outcomes: Sequence[StepOutcome]) -> list[Exception | None]:
         """``RacerDrafter.observe`` for every row: copy-logit rows (rejected nodes first, the
-        accepted path last), then the committed tokens extend every row's automaton at once."""
-        for row, outcome in zip(rows, outcomes, strict=True):
-            if self.use_logits and outcome.topk_ids is not None:
-                tokens = outcome.tree.tokens
-                rejected = np.ones(len(tokens), dtype=bool)
-                rejected[outcome.path] = False
-                order = np.concatenate([np.flatnonzero(rejected), np.asarray(outcome.path, dtype=np.int64)])
-                probs = outcome.topk_probs[order] if outcome.topk_probs is not None else None
-                self.pool.update_topk(row, tokens[order], outcome.topk_ids[order], probs)
+        accepted path last) of every row in one pool call, then the committed tokens extend
+        every row's automaton at once."""
+        if self.use_logits:
+            self._write_topk(rows, outcomes)
         if rows:
             committed = [np.asarray(o.committed, dtype=np.int32) for o in outcomes]
             self.pool.extend(list(rows), committed)
@@ -207,6 +202,27 @@ class PoolDrafting(Drafting):
                 if row in self.learning:
                     self.learning[row][1].append(tokens)
         return [None] * len(rows)
+
+    def _write_topk(self, rows: Sequence[int], outcomes: Sequence[StepOutcome]) -> None:
+        """Every row's copy-logit rows in one :meth:`DraftPool.update_topk_many` call (a plain
+        step's trees are their roots alone: their rows go as they are)."""
+        written = [(row, o, o.topk_ids) for row, o in zip(rows, outcomes, strict=True) if o.topk_ids is not None]
+        if not written:
+            return
+        plain = all(len(o.tree) == 1 for _, o, _ in written)
+        orders = [None if plain else written_order(len(o.tree), o.path) for _, o, _ in written]
+
+        def rows_of(arrays: Sequence[np.ndarray]) -> np.ndarray:
+            return np.concatenate([a if order is None else a[order] for a, order in zip(arrays, orders, strict=True)])
+
+        probs = [o.topk_probs for _, o, _ in written if o.topk_probs is not None]
+        self.pool.update_topk_many(
+            [row for row, _, _ in written],
+            rows_of([o.tree.tokens for _, o, _ in written]),
+            rows_of([ids for _, _, ids in written]),
+            np.asarray([len(o.tree) for _, o, _ in written], dtype=np.int64),
+            rows_of(probs) if len(probs) == len(written) else None,
+        )
 
     def end(self, row: int) -> None:
         """Teach the shared index the row's response (``learn``), then free the row's state."""
@@ -353,3 +369,11 @@ def make_drafting(
         return drafter
 
     return RowDrafting(build, rows, first)
+
+
+def written_order(nodes: int, path: Sequence[int]) -> np.ndarray:
+    """A verified tree's nodes in the order their copy-logit rows are written: the rejected
+    nodes first, the accepted path last, so that the accepted context's rows win."""
+    rejected = np.ones(nodes, dtype=bool)
+    rejected[path] = False
+    return np.concatenate([np.flatnonzero(rejected), np.asarray(path, dtype=np.int64)])

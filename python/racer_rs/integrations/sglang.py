@@ -403,17 +403,23 @@ class RacerCorpus:
         if topk_ids.shape != (len(req_ids) * n, breadth):
             want = [len(req_ids) * n, breadth]
             raise InvalidArgumentError(f"topk_ids must have shape [bs * N, breadth] {want}, got {list(topk_ids.shape)}")
+        written, tokens, at = [], [], []
         for b, rid in enumerate(req_ids):
             state = self._requests.get(rid)
             if state is None or not state.drafting:
                 continue
             path = _accepted_path(last, b, list(committed[b])[:-1])
             order = copy_logit_order(int(last.sizes[b]), path)
-            rows = topk_ids[b * n + order]
-            if not in_vocab(rows, self.vocab_size):
+            if not in_vocab(topk_ids[b * n + order], self.vocab_size):
                 continue
-            probs = None if topk_probs is None else np.clip(topk_probs[b * n + order], 0.0, 1.0)
-            self.pool.update_topk(rid, last.tokens[b, order], rows, probs)
+            written.append(rid)
+            tokens.append(last.tokens[b, order])
+            at.append(b * n + order)
+        if written:  # every request's rows in one call
+            rows = np.concatenate(at)
+            probs = None if topk_probs is None else np.clip(topk_probs[rows], 0.0, 1.0)
+            lengths = np.asarray([len(t) for t in tokens], dtype=np.int64)
+            self.pool.update_topk_many(written, np.concatenate(tokens), topk_ids[rows], lengths, probs)
         self.stats["logit_steps"] += 1
         return True
 

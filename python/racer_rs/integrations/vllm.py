@@ -553,6 +553,7 @@ class RacerProposer:
         probs = None if probs_t is None else np.clip(np.asarray(probs_t.float().cpu()), 0.0, 1.0)
         assert self.vocab_size is not None
         fits = rows_in_vocab(ids, self.vocab_size)
+        keys, tokens, rows = [], [], []
         for c in continued:
             if not c.request.drafting or c.request.key not in pool:
                 continue
@@ -560,7 +561,13 @@ class RacerProposer:
             order = copy_logit_order(len(nodes), range(len(c.sampled)))
             at = c.first_row + order
             if fits[at].all():
-                pool.update_topk(c.request.key, nodes[order], ids[at], None if probs is None else probs[at])
+                keys.append(c.request.key)
+                tokens.append(nodes[order])
+                rows.append(at)
+        if keys:  # every request's rows in one call
+            at = np.concatenate(rows)
+            lengths = np.asarray([len(t) for t in tokens], dtype=np.int64)
+            pool.update_topk_many(keys, np.concatenate(tokens), ids[at], lengths, None if probs is None else probs[at])
         self.stats["logit_steps"] += 1
 
 
