@@ -261,6 +261,35 @@ pub(crate) fn prob_matrix(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Vec<f3
     matrix_of::<f32, f64>(obj, arg, "float32 or float64", |p| Ok(p as f32))
 }
 
+/// The copy-logit rows of a table update: `topk_ids` as `[n, k]` (`n` must be `tokens`, the
+/// number of tokens written) and the optional `topk_probs` of the same shape, each named in its
+/// errors by `ids_arg` / `probs_arg`; `(ids, k, probs)`.
+pub(crate) fn topk_rows(
+    topk_ids: &Bound<'_, PyAny>,
+    topk_probs: Option<Bound<'_, PyAny>>,
+    tokens: usize,
+    ids_arg: &str,
+    probs_arg: &str,
+) -> PyResult<(Vec<i32>, usize, Option<Vec<f32>>)> {
+    let (ids, n, k) = matrix(topk_ids, ids_arg)?;
+    if n != tokens {
+        return Err(value_error(
+            ids_arg,
+            format!("has {n} rows but tokens has {tokens} entries"),
+        ));
+    }
+    let probs = topk_probs.map(|p| prob_matrix(&p, probs_arg)).transpose()?;
+    if let Some((_, pn, pk)) = &probs {
+        if (*pn, *pk) != (n, k) {
+            return Err(value_error(
+                probs_arg,
+                format!("shape ({pn}, {pk}) differs from topk_ids ({n}, {k})"),
+            ));
+        }
+    }
+    Ok((ids, k, probs.map(|(p, _, _)| p)))
+}
+
 /// Extract a 1-D float32/float64 array (or a list of floats) of probabilities.
 pub(crate) fn prob_vector(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f32>> {
     // Probabilities: f32 precision is plenty.

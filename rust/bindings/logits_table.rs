@@ -5,7 +5,7 @@ use parking_lot::RwLock;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::arrays::{Int, array1, at_least, int_arg, matrix, prob_matrix, token_arg, token_id};
+use super::arrays::{Int, array1, at_least, int_arg, token_arg, token_id, topk_rows};
 use super::signature::{Given, Signature, no_arguments, or_default, unless_none};
 use super::tree::PyDraftTree;
 use crate::logits_table::LogitsTable;
@@ -101,25 +101,14 @@ impl PyLogitsTable {
         let ([tokens, topk_ids], [topk_probs]) =
             SIGNATURE.bind([tokens, topk_ids], [topk_probs], extra, kwargs)?;
         let t = token_arg(&tokens, "tokens")?;
-        let (ids, n, k) = matrix(&topk_ids, "topk_ids")?;
-        if n != t.as_slice().len() {
-            return Err(super::errors::value_error(
-                "topk_ids",
-                format!("has {n} rows but tokens has {} entries", t.as_slice().len()),
-            ));
-        }
-        let probs = unless_none(topk_probs)
-            .map(|p| prob_matrix(&p, "topk_probs"))
-            .transpose()?;
-        if let Some((_, pn, pk)) = &probs {
-            if (*pn, *pk) != (n, k) {
-                return Err(super::errors::value_error(
-                    "topk_probs",
-                    format!("shape ({pn}, {pk}) differs from topk_ids ({n}, {k})"),
-                ));
-            }
-        }
-        let probs = probs.as_ref().map(|(p, _, _)| p.as_slice());
+        let (ids, k, probs) = topk_rows(
+            &topk_ids,
+            unless_none(topk_probs),
+            t.as_slice().len(),
+            "topk_ids",
+            "topk_probs",
+        )?;
+        let probs = probs.as_deref();
         Ok(self
             .inner
             .write()

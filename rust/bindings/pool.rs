@@ -7,8 +7,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::arrays::{
-    Flag, Int, Real, Text, Tokens, array1, at_least, converted, int_arg, matrix, native,
-    prob_matrix, prob_vector,
+    Flag, Int, Real, Text, Tokens, array1, at_least, converted, int_arg, native, prob_vector,
+    topk_rows,
 };
 use super::automaton::PyAutomaton;
 use super::errors::{type_error, value_error};
@@ -504,27 +504,14 @@ impl PyDraftPool {
             SIGNATURE.bind([id, tokens, topk_ids], [topk_probs], extra, kwargs)?;
         let id = request_id(&id, "id")?;
         let t = int_arg(&tokens, &format!("tokens ({id})"))?;
-        let arg = format!("topk_ids ({id})");
-        let (ids, n, k) = matrix(&topk_ids, &arg)?;
-        if n != t.as_slice().len() {
-            return Err(value_error(
-                &arg,
-                format!("has {n} rows but tokens has {} entries", t.as_slice().len()),
-            ));
-        }
-        let probs_arg = format!("topk_probs ({id})");
-        let probs = unless_none(topk_probs)
-            .map(|p| prob_matrix(&p, &probs_arg))
-            .transpose()?;
-        if let Some((_, pn, pk)) = &probs {
-            if (*pn, *pk) != (n, k) {
-                return Err(value_error(
-                    &probs_arg,
-                    format!("shape ({pn}, {pk}) differs from topk_ids ({n}, {k})"),
-                ));
-            }
-        }
-        let probs = probs.as_ref().map(|(p, _, _)| p.as_slice());
+        let (ids, k, probs) = topk_rows(
+            &topk_ids,
+            unless_none(topk_probs),
+            t.as_slice().len(),
+            &format!("topk_ids ({id})"),
+            &format!("topk_probs ({id})"),
+        )?;
+        let probs = probs.as_deref();
         let tokens = t.as_slice();
         Ok(py.detach(|| self.inner.update_topk(&id, tokens, &ids, k, probs))?)
     }
@@ -558,30 +545,19 @@ impl PyDraftPool {
         )?;
         let ids = request_ids(&ids)?;
         let t = int_arg(&tokens, "tokens")?;
-        let (rows, n, k) = matrix(&topk_ids, "topk_ids")?;
-        if n != t.as_slice().len() {
-            return Err(value_error(
-                "topk_ids",
-                format!("has {n} rows but tokens has {} entries", t.as_slice().len()),
-            ));
-        }
-        let probs = unless_none(topk_probs)
-            .map(|p| prob_matrix(&p, "topk_probs"))
-            .transpose()?;
-        if let Some((_, pn, pk)) = &probs {
-            if (*pn, *pk) != (n, k) {
-                return Err(value_error(
-                    "topk_probs",
-                    format!("shape ({pn}, {pk}) differs from topk_ids ({n}, {k})"),
-                ));
-            }
-        }
+        let (rows, k, probs) = topk_rows(
+            &topk_ids,
+            unless_none(topk_probs),
+            t.as_slice().len(),
+            "topk_ids",
+            "topk_probs",
+        )?;
         let lengths = int_arg(&lengths, "lengths")?;
         let lengths = lengths.as_slice();
         let lengths: Vec<i64> = converted("lengths", lengths.len(), lengths.iter(), |&n| {
             Ok(i64::from(n))
         })?;
-        let probs = probs.as_ref().map(|(p, _, _)| p.as_slice());
+        let probs = probs.as_deref();
         let tokens = t.as_slice();
         // A step's rows are a few dozen: releasing the GIL would cost about as much.
         if tokens.len() < DETACH_MIN_TOKENS {
