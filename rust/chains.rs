@@ -111,13 +111,23 @@ pub struct StepCost {
     pub b: f64,
 }
 
+/// Most passes of [`choose`]'s alternation between the rows' candidates and the batch's cut
+/// (it ends sooner, when no row changes its candidate; two or three passes in practice).
+const MAX_PASSES: usize = 16;
+
 /// Chooses each row's chain and cuts it.
 ///
-/// Candidate `c`'s chains are expected to commit `scales[c]` times the sum of their path
-/// probabilities; each row drafts its best candidate. With a `cost`, the drafted tokens are the
-/// most probable ones across the batch (each token's path probability times its source's scale,
-/// at most 1) that maximise expected tokens per second of a step of `requests` requests
-/// ([`cut_lengths`]); without, every chain token within the row's budget.
+/// Candidate `c`'s chain tokens are expected to be accepted with their path probabilities times
+/// `scales[c]` (at most 1). Without a `cost`, each row drafts, within its budget, every token of
+/// the candidate expected to commit the most. With a `cost`, the choice and the cut together
+/// maximise expected tokens per second of a step of `requests` requests: `(requests + sum of
+/// kept p) / (a + b * (requests + kept))`. At the best rate `r` a token pays exactly when its
+/// `p` exceeds `b * r`, so each row's best candidate is the one whose tokens gain the most
+/// beyond that price, `sum of max(0, p - b * r)` (Dinkelbach's method for a ratio): starting
+/// from the rows' likeliest candidates, the cut ([`cut_lengths`]) gives a rate, the rate a
+/// price, the price the rows' candidates, until no row changes; its fixed point is the best
+/// rate over every candidate and length per row. A candidate chosen by its whole sum would
+/// draft a long mediocre chain where a short sure one pays more once tokens cost.
 ///
 /// # Errors
 /// `InvalidArgument` if the table's or the other arguments' lengths do not match, a chain
@@ -160,38 +170,89 @@ pub fn choose(
             ));
         }
     }
+    let mut chooser = Chooser {
+        table,
+        edges,
+        scales,
+        budgets,
+        probs: Vec::with_capacity(table.k),
+    };
     let mut best = vec![0; table.rows];
-    let mut probs = Vec::with_capacity(table.k);
+    chooser.pick(0.0, &mut best);
+    let Some(cost) = cost else {
+        let lengths = (0..table.rows)
+            .map(|r| chooser.allowed(best[r], r))
+            .collect();
+        return Ok(Choice { best, lengths });
+    };
     let mut kept = Vec::with_capacity(table.rows * table.k);
     let mut lengths = vec![0; table.rows];
-    for (r, best) in best.iter_mut().enumerate() {
-        let mut top = f64::NEG_INFINITY;
-        for (c, &scale) in scales.iter().enumerate() {
-            let at = table.at(c, r);
-            table.path_probabilities(at, table.length(at), edges, &mut probs);
-            let expected = probs.iter().sum::<f64>() * scale;
-            if expected > top {
-                (top, *best) = (expected, c);
-            }
+    let mut next = best.clone();
+    for pass in 1..=MAX_PASSES {
+        chooser.tokens(&best, &mut kept);
+        lengths.fill(0);
+        let rate = cut_lengths(&mut kept, requests, cost, &mut lengths);
+        chooser.pick(cost.b * rate, &mut next);
+        if next == best || pass == MAX_PASSES {
+            break; // `lengths` are `best`'s cut
         }
-        let at = table.at(*best, r);
-        let allowed = table.length(at).min(budgets[r]);
-        if cost.is_none() {
-            lengths[r] = allowed;
-            continue;
-        }
-        table.path_probabilities(at, allowed, edges, &mut probs);
-        for (depth, &p) in probs.iter().enumerate() {
-            let p = (p * scales[*best]).min(1.0);
-            if p > 0.0 {
-                kept.push(Token { p, row: r, depth });
-            }
-        }
-    }
-    if let Some(cost) = cost {
-        cut_lengths(&mut kept, requests, cost, &mut lengths);
+        best.clone_from(&next);
     }
     Ok(Choice { best, lengths })
+}
+
+/// [`choose`]'s table, edges, scales and budgets, with a buffer for path probabilities.
+struct Chooser<'a> {
+    table: ChainTable<'a>,
+    edges: &'a [f32],
+    scales: &'a [f64],
+    budgets: &'a [usize],
+    probs: Vec<f64>,
+}
+
+impl Chooser<'_> {
+    /// Tokens of candidate `c`'s chain for row `r` within the row's budget.
+    fn allowed(&self, c: usize, r: usize) -> usize {
+        self.table.length(self.table.at(c, r)).min(self.budgets[r])
+    }
+
+    /// Candidate `c`'s scaled acceptance probabilities for row `r`, into `self.probs`.
+    fn scaled(&mut self, c: usize, r: usize) {
+        let at = self.table.at(c, r);
+        let n = self.allowed(c, r);
+        self.table
+            .path_probabilities(at, n, self.edges, &mut self.probs);
+        for p in &mut self.probs {
+            *p = (*p * self.scales[c]).min(1.0);
+        }
+    }
+
+    /// Per row, the candidate whose tokens gain the most beyond `price` each (the first on ties).
+    fn pick(&mut self, price: f64, best: &mut [usize]) {
+        for (r, best) in best.iter_mut().enumerate() {
+            let mut top = f64::NEG_INFINITY;
+            for c in 0..self.table.candidates {
+                self.scaled(c, r);
+                let gain: f64 = self.probs.iter().map(|&p| (p - price).max(0.0)).sum();
+                if gain > top {
+                    (top, *best) = (gain, c);
+                }
+            }
+        }
+    }
+
+    /// The draftable tokens of every row's chosen candidate, into `kept`.
+    fn tokens(&mut self, best: &[usize], kept: &mut Vec<Token>) {
+        kept.clear();
+        for (r, &c) in best.iter().enumerate() {
+            self.scaled(c, r);
+            for (depth, &p) in self.probs.iter().enumerate() {
+                if p > 0.0 {
+                    kept.push(Token { p, row: r, depth });
+                }
+            }
+        }
+    }
 }
 
 /// A draftable token: its acceptance probability, row and chain position.
@@ -208,8 +269,13 @@ pub struct Token {
 /// Adds to `lengths[row]` the tokens, among `tokens`, that maximise expected tokens per second
 /// of a step: `(requests + sum of kept p) / (a + b * (requests + kept))`, keeping the most
 /// probable first (a chain's tokens in order, rows in order on ties) and the fewest on ties
-/// (within a relative 1e-9). `tokens` is sorted in place.
-pub fn cut_lengths(tokens: &mut [Token], requests: usize, cost: StepCost, lengths: &mut [usize]) {
+/// (within a relative 1e-9). `tokens` is sorted in place. Returns that rate.
+pub fn cut_lengths(
+    tokens: &mut [Token],
+    requests: usize,
+    cost: StepCost,
+    lengths: &mut [usize],
+) -> f64 {
     tokens.sort_by(|x, y| {
         y.p.total_cmp(&x.p)
             .then(x.depth.cmp(&y.depth))
@@ -234,6 +300,7 @@ pub fn cut_lengths(tokens: &mut [Token], requests: usize, cost: StepCost, length
     for token in &tokens[..keep] {
         lengths[token.row] += 1;
     }
+    rates[keep]
 }
 
 /// What the target's tokens said about a step's candidate chains.

@@ -437,11 +437,16 @@ def choose_chains(
             no cut, every chain token within the budget.
 
     Returns:
-        ``(best, lengths)``, each ``int64[rows]``: the candidate whose scaled expectation is
-        highest (the first on ties), and how many of its first tokens to draft: with a cost,
-        the most probable tokens across the batch (path probability times its candidate's
-        scale, at most 1) that maximise ``(requests + sum of p) / (a + b * (requests + n))``,
-        the fewest on ties.
+        ``(best, lengths)``, each ``int64[rows]``: the chosen candidate and how many of its
+        first tokens to draft. Without a cost, the candidate whose scaled expectation within
+        the budget is highest (the first on ties) and all its tokens within the budget. With
+        a cost, the candidates and lengths that together maximise
+        ``(requests + sum of p) / (a + b * (requests + n))`` over every candidate and length
+        per row (``p`` a token's path probability times its candidate's scale, at most 1; the
+        fewest tokens on ties): at the best rate ``r`` a token pays when ``p > b * r``, so a
+        row drafts the candidate whose tokens gain the most beyond that price (a short sure
+        chain over a long mediocre one once tokens cost), found by alternating the rows'
+        choices and the batch's cut until no row changes.
 
     Raises:
         InvalidArgumentError: shapes or lengths that do not match, a chain token's cell

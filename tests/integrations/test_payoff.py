@@ -92,6 +92,63 @@ def test_the_choice_takes_the_candidate_expected_to_commit_most_after_its_scale(
     assert (best.tolist(), lengths.tolist()) == ([1], [1])
 
 
+def joint_brute_force(probs: np.ndarray, requests: int, a: float, b: float) -> float:
+    """The best rate over every candidate and chain prefix per row (``probs[c, r, j]``)."""
+    candidates, rows, _ = probs.shape
+    best = -1.0
+    for chosen in itertools.product(range(candidates), repeat=rows):
+        best = max(best, brute_force(np.stack([probs[c, r] for r, c in enumerate(chosen)]), requests, a, b))
+    return best
+
+
+def random_candidates(rng: np.random.Generator, candidates: int, rows: int, k: int):
+    """A table of ``candidates`` chains per row, every token with a cell of its own, its
+    scaled path probabilities (``probs[c, r, j]``, 0 past a chain's end) and the scales."""
+    edges = rng.uniform(0.05, 1.0, (candidates, rows, k))
+    lengths = rng.integers(0, k + 1, (candidates, rows))
+    present = np.arange(k) < lengths[..., None]
+    tokens = np.where(present, 7, -1).astype(np.int32)
+    cells = np.arange(edges.size, dtype=np.int32).reshape(edges.shape)
+    scales = rng.uniform(0.3, 1.5, candidates)
+    path = np.cumprod(edges.astype(np.float32), axis=2).astype(np.float64)
+    probs = np.minimum(path * scales[:, None, None], 1.0) * present
+    return tokens, cells, edges.astype(np.float32).ravel(), scales, probs
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_chosen_candidates_and_lengths_maximise_tokens_per_second(seed):
+    """Candidate and cut together: the rate of the choice is the best over every candidate
+    and prefix of every row (brute force)."""
+    rng = np.random.default_rng(seed)
+    candidates, rows, k = int(rng.integers(2, 4)), int(rng.integers(1, 4)), 3
+    tokens, cells, edges, scales, probs = random_candidates(rng, candidates, rows, k)
+    a, b = 1.0, float(rng.uniform(0.01, 0.6))
+    requests = rows + int(rng.integers(0, 3))
+    best, lengths = choose_chains(tokens, cells, edges, scales.tolist(), [k] * rows, requests, (a, b))
+    gained = sum(float(probs[c, r, :n].sum()) for r, (c, n) in enumerate(zip(best, lengths, strict=True)))
+    rate = (requests + gained) / (a + b * (requests + int(lengths.sum())))
+    assert rate == pytest.approx(joint_brute_force(probs, requests, a, b), rel=1e-9)
+
+
+def test_a_choice_by_the_whole_chain_fails_the_joint_brute_force():
+    """The check above can fail: taking each row's candidate by its whole expected sum and then
+    cutting drafts a long mediocre chain where a short sure one pays more."""
+    # One row: a sure single token (p 0.9) against eight tokens at 0.7 per edge (sum 2.2).
+    tokens = np.array([[[5] + [-1] * 7], [[6] * 8]], dtype=np.int32)
+    cells = np.array([[[0] * 8], [[1] * 8]], dtype=np.int32)
+    edges = np.array([0.9, 0.7], dtype=np.float32)
+    probs = np.zeros((2, 1, 8))
+    probs[0, 0, 0] = 0.9
+    probs[1, 0] = np.cumprod(np.full(8, np.float32(0.7)))
+    a, b, requests = 1.0, 0.3, 1
+    by_sum, _ = choose_chains(tokens, cells, edges, [1.0, 1.0], [8], requests, None)
+    assert by_sum.tolist() == [1]
+    whole_sum_rate = brute_force(probs[1], requests, a, b)  # the long chain's best cut
+    assert whole_sum_rate < joint_brute_force(probs, requests, a, b) * (1 - 1e-6)
+    best, lengths = choose_chains(tokens, cells, edges, [1.0, 1.0], [8], requests, (a, b))
+    assert (best.tolist(), lengths.tolist()) == ([0], [1])
+
+
 @pytest.mark.parametrize(
     ("change", "error", "match"),
     [

@@ -13,9 +13,10 @@ at most ``num_speculative_tokens`` tokens, chosen among three: its RACER tree's 
 root-to-leaf path (retrieval and copy-logit nodes), and the longest-match chains of its own
 automaton and of the automaton shared across requests (:meth:`racer_rs.Automaton.chain`: the
 continuation of the longest matched context, as SuffixDecoding's greedy path, where the tree's
-retrieval ranks continuations of its shortest match by count). The chain the calibrated edges
-expect the most accepted tokens from is drafted, cut to the tokens that pay; every candidate's
-edges learn from what the target then sampled. Each source's expectations are scaled by what
+retrieval ranks continuations of its shortest match by count). Each request drafts the chain
+whose tokens, by the calibrated edges, gain the most beyond what a token costs in the batch's
+forward, cut to the tokens that pay (:func:`racer_rs._native.choose_chains`); every
+candidate's edges learn from what the target then sampled. Each source's expectations are scaled by what
 its chosen chains committed against what their edges expected (:meth:`RacerProposer.source_scales`):
 choosing the likeliest of three favours the chain whose estimate came out high, more so for
 some sources than for others (in the replay at concurrency 8 the tree's chains committed about
@@ -406,7 +407,8 @@ class RacerProposer:
 
         A row's candidates: its tree's deepest path (retrieval and copy-logit nodes), its own
         automaton's longest-match chain and the shared automaton's; with ``adaptive`` the one
-        the calibrated edges expect the most accepted tokens from, else the tree's."""
+        whose tokens pay the most in the batch's forward (by the calibrated edges and the
+        fitted step cost), else the tree's."""
         k = self.k
         keys = [rows[i].key for i in draft_rows]
         roots = np.array([rows[i].root for i in draft_rows], dtype=np.int64)
