@@ -18,7 +18,11 @@ prefill tokens (``--step-ms a,b,p``; the default is what ``RacerProposer`` fitte
 server of ``vllm_cpu.py``, SmolLM2-135M float32 on this CPU: 60 ms and 2.1 ms), plus each
 proposer's own measured time. ``RacerProposer`` learns its step cost from that modelled clock,
 as it does from the server's in a real run. Outputs: tokens per step, drafted and accepted
-tokens, and modelled tokens/s over ``none``'s, per method and concurrency.
+tokens, and modelled tokens/s over ``none``'s, per method and concurrency; and the steady
+rate, tokens/s over the steps with all C rows running (a long-running server's state): with a
+few prompts per level the waves' tails take a large share of the time, and which request ends
+last decides them more than the drafts do (at C = 4, 16 prompts, a method with fewer tokens per
+step took 415 steps where another took 430).
 
 Run in the environment of ``.ci/vllm_stage.sh`` (vLLM and ArcticInference installed), from the
 repository root, e.g.::
@@ -187,6 +191,9 @@ def run_level(
     done: dict[int, list[int]] = {}
     seconds = propose_seconds = 0.0
     steps = decode_rows = drafted = accepted = 0
+    # Steps with every one of the C rows running: the steady state of a long-running server,
+    # without the waves' tails (which request ends last decides those, more than the drafts).
+    full_seconds, full_tokens = 0.0, 0
     while waiting or running:
         while waiting and len(running) < concurrency:
             running.append(waiting.pop())
@@ -218,6 +225,7 @@ def run_level(
         steps += 1
         step = a + b * decode_tokens + p * prefill_tokens
         clock.now += step
+        full = len(running) == concurrency
         if method != "none":
             # The step's logits as one tensor, as the forward leaves them (not the proposer's time).
             logits = target.torch.cat(logit_rows)
@@ -231,6 +239,9 @@ def run_level(
         else:
             drafts = [[] for _ in running]
         seconds += step
+        if full:
+            full_seconds += step + (spent if method != "none" else 0.0)
+            full_tokens += sum(len(new) for new in sampled)
         still = []
         for request, draft in zip(running, drafts, strict=True):
             if len(request.output) >= args.max_tokens or request.tokens[-1] == target.eos:
@@ -245,6 +256,8 @@ def run_level(
         "outputs": [done[i] for i in range(len(prompts))],
         "tokens": tokens,
         "steps": steps,
+        "steady_tokens_per_s": full_tokens / full_seconds if full_seconds > 0 else 0.0,
+        "steady_share": full_seconds / (seconds + propose_seconds),
         "seconds": seconds + propose_seconds,
         "propose_ms": 1e3 * propose_seconds / steps,
         "decode_rows": decode_rows,
@@ -261,6 +274,11 @@ def summary(method: str, concurrency: int, result: dict[str, Any], none: dict[st
     if none is not None:
         same = sum(x == y for x, y in zip(result["outputs"], none["outputs"], strict=True))
         line += f" ({speed / (none['tokens'] / none['seconds']):.3f}x none, same output {same}/{len(none['outputs'])})"
+    steady = result["steady_tokens_per_s"]
+    line += f"; steady {steady:.2f}"
+    if none is not None and none["steady_tokens_per_s"] > 0:
+        line += f" ({steady / none['steady_tokens_per_s']:.3f}x none)"
+    line += f" over {100 * result['steady_share']:.0f}% of the time"
     line += (
         f", tokens/step {result['tokens_per_step']:.3f}, drafted {result['drafted']}, accepted {result['accepted']},"
         f" propose {result['propose_ms']:.2f} ms/step"
