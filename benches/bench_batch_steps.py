@@ -15,7 +15,10 @@ verify every step padded to its largest tree instead of flat, or by ``:flat`` to
 whose trees differ in size flat (without the policy's choice of layout,
 :func:`racer_rs.autosize.batch_sizer.best_layout_sizes`). ``--temperature`` samples (top-p 0.95,
 seed 0) instead of decoding greedily. The last lines give every
-label's tokens/s over the first label's, per round (a round: the labels' n-th runs) and their mean.
+label's tokens/s over the first label's, per round (a round: the labels' n-th runs) and their mean,
+and the same for the steady rate: tokens per second of the steps with all ``B`` rows live, without
+the admissions and the tail where rows finish and no request waits (requests that finish out of
+step leave a tail that one-length plain decoding does not have).
 """
 
 from __future__ import annotations
@@ -51,8 +54,11 @@ def record_steps() -> None:
         policy.observe = observe  # type: ignore[method-assign]
 
 
-def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens: int, temperature: float) -> float:
-    """One run of ``label``; prints its breakdown and returns its tokens/s."""
+def run(
+    model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens: int, temperature: float
+) -> tuple[float, float]:
+    """One run of ``label``; prints its breakdown and returns its tokens/s and its steady rate
+    (tokens per second of the steps with all ``B`` rows live)."""
     spec, _, mode = label.partition(":")
     method, _, size = spec.partition("@")
     switch = capacity.AutoCapacity.drafts
@@ -98,7 +104,11 @@ def run(model: Any, prompts: list[list[int]], label: str, batch: int, new_tokens
             f"   {padded} nodes/row: {len(values)} steps, verify {1e3 * np.median(values[:, 0]):.1f} ms, "
             f"step {1e3 * np.median(values[:, 1]):.1f} ms, committed/row {values[:, 2].mean() / batch:.2f}"
         )
-    return tokens / wall
+    full = np.asarray([v for values in by_size.values() for v in values]).reshape(-1, 3)
+    steady = full[:, 2].sum() / full[:, 1].sum() if len(full) else 0.0
+    share = full[:, 1].sum() / in_steps if in_steps > 0 else 0.0
+    print(f"   steady: {steady:.1f} tok/s in the steps with all {batch} rows live, {share:.0%} of the step time")
+    return tokens / wall, steady
 
 
 def sampling(temperature: float) -> dict[str, Any]:
@@ -132,13 +142,15 @@ def main() -> int:
         max_batch_size=args.batch,
         **sampling(args.temperature),
     )
-    rates: dict[str, list[float]] = collections.defaultdict(list)
+    rates: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
     for label in (m.strip() for m in args.methods.split(",")):
         rates[label].append(run(model, prompts, label, args.batch, args.max_new_tokens, args.temperature))
     first = next(iter(rates))
     for label, values in rates.items():
-        ratios = [value / base for value, base in zip(values, rates[first], strict=False)]
-        print(f"{label} over {first}: " + " ".join(f"{r:.3f}" for r in ratios) + f", mean {np.mean(ratios):.3f}")
+        for name, at in (("", 0), (" (steady)", 1)):
+            ratios = [value[at] / base[at] for value, base in zip(values, rates[first], strict=False)]
+            text = " ".join(f"{r:.3f}" for r in ratios)
+            print(f"{label} over {first}{name}: {text}, mean {np.mean(ratios):.3f}")
     print("reproduce: python " + " ".join([sys.argv[0], *sys.argv[1:]]))
     return 0
 
