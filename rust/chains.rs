@@ -430,6 +430,26 @@ mod tests {
     }
 
     #[test]
+    fn once_tokens_cost_a_short_sure_chain_beats_a_long_mediocre_one() {
+        // One row, k = 8: a single token at 0.9 (cell 0) against eight at 0.7 per edge (cell
+        // 1: path probabilities 0.7, 0.49, ... summing to 2.2).
+        let edges = [0.9f32, 0.7];
+        let mut tokens = [-1; 16];
+        tokens[0] = 5;
+        tokens[8..].fill(6);
+        let mut cells = [0; 16];
+        cells[8..].fill(1);
+        let t = table(&tokens, &cells, 2, 8);
+        let free = choose(t, &edges, &[1.0, 1.0], &[8], 1, None).unwrap();
+        assert_eq!((free.best, free.lengths), (vec![1], vec![8]));
+        // At a = 1, b = 0.3 the long chain's best cut (two tokens: 2.19 / 1.9 = 1.15) loses to
+        // the sure token (1.9 / 1.6 = 1.19); no token at all gives 1 / 1.3.
+        let cost = Some(StepCost { a: 1.0, b: 0.3 });
+        let costly = choose(t, &edges, &[1.0, 1.0], &[8], 1, cost).unwrap();
+        assert_eq!((costly.best, costly.lengths), (vec![0], vec![1]));
+    }
+
+    #[test]
     fn the_cut_keeps_the_likeliest_tokens_and_the_fewest_on_ties() {
         let mut tokens = vec![
             Token {
