@@ -228,7 +228,7 @@ def test_vllm_serving_loop_is_lossless(model, engine_free):
         speculative_config=SimpleNamespace(num_speculative_tokens=k),
         model_config=SimpleNamespace(max_model_len=max_model_len, get_vocab_size=lambda: VOCAB),
     )
-    proposer = RacerProposer(vllm_config, options=ServingOptions(adaptive=False))
+    proposer = RacerProposer(vllm_config, options=ServingOptions(adaptive=False, use_logits=True))
     target = SimTarget()
     proposer.load_model(target)
     token_ids_cpu = np.zeros((max_num_reqs, max_model_len), dtype=np.int32)

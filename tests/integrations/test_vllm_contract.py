@@ -200,7 +200,7 @@ class FakeTarget:
 def test_verify_logits_are_attributed_exactly_or_skipped(engine_free):
     torch = pytest.importorskip("torch")
     k, max_len = 4, 200
-    proposer = RacerProposer(config(k, max_len), options=ServingOptions(adaptive=False))
+    proposer = RacerProposer(config(k, max_len), options=ServingOptions(adaptive=False, use_logits=True))
     target = FakeTarget()
     proposer.load_model(target)
     assert hasattr(target.compute_logits, "__wrapped__")
@@ -270,7 +270,7 @@ def test_a_steps_copy_logit_rows_are_written_as_one_call_per_request_would(engin
     from racer_rs import DraftPool
     from racer_rs.integrations._shared import copy_logit_order
 
-    proposer = RacerProposer(config(4, 200), options=ServingOptions(adaptive=False))
+    proposer = RacerProposer(config(4, 200), options=ServingOptions(adaptive=False, use_logits=True))
     proposer.load_model(FakeTarget())
     rng = np.random.default_rng(3)
 
@@ -363,3 +363,33 @@ def test_vllms_factory_builds_the_proposer():
     )
     theirs = ngram.propose(3, [[context[-1]], []], batch.num_tokens_no_spec, batch.token_ids_cpu)
     assert len(theirs) == len(out) and theirs[1] == []
+
+
+@pytest.mark.parametrize(
+    ("env", "logits"),
+    [
+        ("", False),  # vLLM's default: one chain per request, where the rows did not pay
+        ('{"use_logits": true}', True),
+        ('{"use_logits": null}', False),
+        ('{"use_retrieval": false}', True),  # the only source left
+        ('{"use_logits": false}', False),
+    ],
+)
+def test_copy_logit_rows_are_off_by_default_in_vllm_and_on_when_asked(engine_free, monkeypatch, env, logits):
+    """vLLM's proposer drafts from the copy-logit tables (and wraps ``compute_logits``) only when
+    asked, or when retrieval is off; SGLang's worker keeps them on by default."""
+    monkeypatch.setenv("RACER_RS_OPTIONS", env)
+    proposer = RacerProposer(config(3, 64))
+    target = FakeTarget()
+    proposer.load_model(target)
+    assert hasattr(target.compute_logits, "__wrapped__") is logits
+    batch = Batch(64)
+    batch.set([code_like(1, 30)])
+    proposer.propose([[batch.token_ids_cpu[0, 29]]], batch.num_tokens_no_spec, batch.token_ids_cpu)
+    assert proposer._pool.use_logits is logits
+    assert ServingOptions.from_env({"RACER_RS_OPTIONS": env}).pool(VOCAB).use_logits is (env != '{"use_logits": false}')
+
+
+def test_both_sources_off_is_one_clear_error():
+    with pytest.raises(InvalidArgumentError, match="cannot both be False"):
+        ServingOptions.from_env({"RACER_RS_OPTIONS": '{"use_logits": false, "use_retrieval": false}'})

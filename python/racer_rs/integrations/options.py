@@ -58,7 +58,12 @@ class ServingOptions:
         use_retrieval: draft from each request's automaton.
         use_logits: draft from each request's copy-logit table, written from the verify
             logits (SGLang: always available; vLLM: when they can be attributed, see
-            :class:`racer_rs.integrations.vllm.RacerProposer`).
+            :class:`racer_rs.integrations.vllm.RacerProposer`). ``None`` (the default): the
+            engine's own default (:meth:`logits_on`): on in SGLang, whose trees verify the
+            copy-logit branches; off in vLLM unless ``use_retrieval`` is off, since vLLM verifies
+            one chain per request, where the copy-logit rows changed the accepted tokens by under
+            1% in ``benches/serving/vllm_replay.py`` while their top-k and writes took 0.2-0.4 ms
+            of every step.
         threads: most threads one :class:`racer_rs.DraftPool` batch call uses.
         capacity: vLLM only: nodes of the tree whose best chain is drafted (default
             ``max(16, 2 * k + 1)`` for ``k`` speculative tokens). SGLang's trees always have
@@ -74,7 +79,7 @@ class ServingOptions:
     racer: RacerOptions = field(default_factory=RacerOptions)
     tree: str = "halving"
     use_retrieval: bool = True
-    use_logits: bool = True
+    use_logits: bool | None = None
     threads: int = 1
     capacity: int | None = None
     vocab_size: int | None = None
@@ -87,7 +92,10 @@ class ServingOptions:
         if self.racer.persistent:
             raise InvalidArgumentError("racer.persistent is not supported in a serving engine (per-request state)")
         rules.choice("tree", self.tree, ("halving", "scored"))
-        if not (rules.flag("use_retrieval", self.use_retrieval) | rules.flag("use_logits", self.use_logits)):
+        rules.flag("use_retrieval", self.use_retrieval)
+        if self.use_logits is not None:
+            rules.flag("use_logits", self.use_logits)
+        if self.use_retrieval is False and self.use_logits is False:
             raise InvalidArgumentError("use_retrieval and use_logits cannot both be False")
         rules.integer("threads", self.threads, minimum=1, maximum=1024)
         if self.capacity is not None:
@@ -161,15 +169,23 @@ class ServingOptions:
         except RacerError as exc:
             raise InvalidArgumentError(f"{ENV_VAR} (for a vocabulary of {vocab_size} ids): {exc}") from None
 
+    def logits_on(self, engine_default: bool) -> bool:
+        """Whether to draft from the copy-logit tables: :attr:`use_logits` where given, else
+        ``engine_default``, or on anyway where retrieval is off (the only source left)."""
+        if self.use_logits is not None:
+            return self.use_logits
+        return engine_default or not self.use_retrieval
+
     def pool(self, vocab_size: int, *, use_logits: bool | None = None) -> DraftPool:
         """An empty :class:`racer_rs.DraftPool` drafting with these options.
 
         Args:
             vocab_size: the token id range (``vocab_size`` here, when set, wins).
-            use_logits: overrides :attr:`use_logits` (e.g. off where no logits arrive).
+            use_logits: overrides :attr:`use_logits` (e.g. off where no logits arrive); ``None``:
+                :meth:`logits_on` with the copy-logit tables on by default.
         """
         o = self.racer
-        logits = self.use_logits if use_logits is None else use_logits
+        logits = self.logits_on(True) if use_logits is None else use_logits
         return DraftPool(
             self.vocab_size or vocab_size,
             ngram=o.ngram,

@@ -20,6 +20,11 @@ from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+# The copy-logit rows are off by default in vLLM (they did not pay in its one chain per
+# request); on here, so that the compute_logits wrapper and the attribution of its rows are
+# tested in the real engine, the path with the most moving parts (the default, retrieval
+# alone, is the same proposer without them).
+os.environ.setdefault("RACER_RS_OPTIONS", '{"use_logits": true}')
 
 DATA = Path(__file__).resolve().parents[3] / "data"
 K = 8  # num_speculative_tokens
