@@ -20,9 +20,10 @@ proposer's own measured time. ``RacerProposer`` learns its step cost from that m
 as it does from the server's in a real run. Outputs: tokens per step, drafted and accepted
 tokens, and modelled tokens/s over ``none``'s, per method and concurrency; and the steady
 rate, tokens/s over the steps with all C rows running (a long-running server's state): with a
-few prompts per level the waves' tails take a large share of the time, and which request ends
-last decides them more than the drafts do (at C = 4, 16 prompts, a method with fewer tokens per
-step took 415 steps where another took 430).
+few prompts per level the waves' tails take a large share of the time (at C = 8 with 16
+prompts, a third of it), and which request ends last decides them as much as the drafts do.
+Each level takes its own prompts, after those of the levels listed before it: compare methods
+within a level of one command, not levels of commands that list different levels.
 
 Run in the environment of ``.ci/vllm_stage.sh`` (vLLM and ArcticInference installed), from the
 repository root, e.g.::

@@ -387,6 +387,7 @@ def test_copy_logit_rows_are_off_by_default_in_vllm_and_on_when_asked(engine_fre
     batch.set([code_like(1, 30)])
     proposer.propose([[batch.token_ids_cpu[0, 29]]], batch.num_tokens_no_spec, batch.token_ids_cpu)
     assert proposer._pool.use_logits is logits
+    # SGLang's worker builds its pool as options.pool(vocab): on unless turned off.
     assert ServingOptions.from_env({"RACER_RS_OPTIONS": env}).pool(VOCAB).use_logits is (env != '{"use_logits": false}')
 
 
