@@ -325,6 +325,56 @@ def test_tokens_outside_the_vocabulary_draft_nothing(engine_free):
     assert out[0] == [] and out[1] == Reference([1, 2, 3, 1, 2]).chain(proposer.capacity, 3) == [3, 1]
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_requests_continue_whatever_the_runners_id_dtype(engine_free, dtype):
+    # The proposer's buffers hold int32 (vLLM's `token_ids_cpu` too): another dtype compares
+    # by value, not by bytes.
+    k, max_len = 3, 64
+    proposer = RacerProposer(config(k, max_len), options=ServingOptions(adaptive=False))
+    seqs = [code_like(1, 20), code_like(2, 25)]
+    refs = [Reference(s) for s in seqs]
+    ids = np.zeros((ROWS, max_len), dtype=dtype)
+    lengths = np.zeros(ROWS, dtype=dtype)
+    rng = np.random.default_rng(3)
+    sampled = [[s[-1]] for s in seqs]
+    for step in range(4):
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = s
+            lengths[i] = len(s)
+        out = proposer.propose(sampled, lengths, ids)
+        assert out == [ref.chain(proposer.capacity, k) for ref in refs], step
+        assert proposer.stats["continued"] == 2 * step and proposer.stats["started"] == 2
+        sampled = [rng.integers(1, VOCAB, int(rng.integers(1, k + 2))).tolist() for _ in seqs]
+        for s, ref, new in zip(seqs, refs, sampled, strict=True):
+            s += new
+            ref.append(new)
+
+
+@pytest.mark.parametrize(("bad", "dtype"), [(VOCAB, np.int32), (-1, np.int32), (2**40, np.int64)])
+def test_a_sampled_token_outside_the_vocabulary_stops_only_its_request(engine_free, bad, dtype):
+    k, max_len = 3, 64
+    proposer = RacerProposer(config(k, max_len), options=ServingOptions(adaptive=False))
+    seqs = [code_like(1, 20), code_like(2, 25)]
+    ids = np.zeros((ROWS, max_len), dtype=dtype)
+    lengths = np.zeros(ROWS, dtype=np.int32)
+
+    def propose(sampled: list[list[int]]) -> list[list[int]]:
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)], lengths[i] = s, len(s)
+        return proposer.propose(sampled, lengths, ids)
+
+    propose([[s[-1]] for s in seqs])
+    seqs = [seqs[0] + [5, bad], seqs[1] + [5, 6]]
+    out = propose([[5, bad], [5, 6]])
+    assert out[0] == [] and out[1] == Reference(seqs[1]).chain(proposer.capacity, k)
+    assert proposer.stats["continued"] == 2 and proposer.stats["started"] == 2
+    assert proposer._pool is not None and len(proposer._pool) == 1  # its state freed
+    seqs = [seqs[0] + [7], seqs[1] + [8]]
+    out = propose([[7], [8]])  # it drafts no more; the other request goes on
+    assert out[0] == [] and out[1] == Reference(seqs[1]).chain(proposer.capacity, k)
+    assert proposer._pool is not None and len(proposer._pool) == 1
+
+
 def test_missing_vllm_is_one_line_naming_the_extra(monkeypatch):
     real = optional_deps.installed
     monkeypatch.setattr(optional_deps, "installed", lambda module: module != "vllm" and real(module))

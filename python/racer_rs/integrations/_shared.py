@@ -30,6 +30,11 @@ def in_vocab(tokens: np.ndarray, vocab_size: int) -> bool:
     return tokens.size == 0 or (int(tokens.min()) >= 0 and int(tokens.max()) < min(vocab_size, _INT32_LIMIT))
 
 
+def list_in_vocab(tokens: list[int], vocab_size: int) -> bool:
+    """:func:`in_vocab` for a short list of ints (a step's sampled tokens), without numpy."""
+    return not tokens or (min(tokens) >= 0 and max(tokens) < min(vocab_size, _INT32_LIMIT))
+
+
 def rows_in_vocab(ids: np.ndarray, vocab_size: int) -> np.ndarray:
     """Per row of a 2-D id array, whether every id is in ``[0, vocab_size)`` (as :func:`in_vocab`)."""
     if ids.shape[1] == 0:

@@ -70,7 +70,13 @@ from racer_rs.autosize.calibration import SCALE_PRIOR, EdgeCalibration
 from racer_rs.drafters.racer import CALIBRATED_MIN_DEPTH
 from racer_rs.errors import InvalidArgumentError
 from racer_rs.integrations._payoff import StepCost
-from racer_rs.integrations._shared import copy_logit_order, in_vocab, rows_in_vocab, topk_rows
+from racer_rs.integrations._shared import (
+    copy_logit_order,
+    in_vocab,
+    list_in_vocab,
+    rows_in_vocab,
+    topk_rows,
+)
 from racer_rs.integrations.options import ServingOptions
 
 __all__ = ["FALLBACK_VOCAB", "LOGITS_BY_DEFAULT", "RACER_DEFAULTS", "RacerProposer"]
@@ -105,7 +111,7 @@ _TREE, _OWN, _SHARED = 0, 1, 2
 _SOURCE_DECAY = 0.995
 
 
-@dataclass
+@dataclass(slots=True)
 class _Continued:
     """A request the current call continues, with what the previous call drafted for it."""
 
@@ -117,7 +123,7 @@ class _Continued:
     slot: int  # its row in the previous call's candidates (-1: it drafted nothing)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Request:
     """One request as the proposer knows it."""
 
@@ -134,7 +140,7 @@ class _Request:
     def context(self) -> np.ndarray:
         return self.tokens[: self.length]
 
-    def append(self, new: np.ndarray) -> None:
+    def append(self, new: list[int] | np.ndarray) -> None:
         end = self.length + len(new)
         if end > len(self.tokens):
             grown = np.empty(max(2 * end, 64), dtype=np.int32)
@@ -301,9 +307,11 @@ class RacerProposer:
         extended: list[tuple[_Request, int]] = []  # continued drafting requests, new tokens
         logit_rows = 0  # logits rows this step had, if every request verified what we drafted
         draft_rows: list[int] = []
+        budgets: list[int] = []  # the drafting rows' most draft tokens
         timed = self._last_call is not None  # every row continued: the interval is one step
+        lengths = np.asarray(num_tokens_no_spec[: len(sampled_token_ids)]).tolist()
         for i, sampled in enumerate(sampled_token_ids):
-            n = int(num_tokens_no_spec[i])
+            n = int(lengths[i])
             if not sampled or n < 1:
                 logit_rows += 1
                 timed = False
@@ -326,6 +334,7 @@ class RacerProposer:
             request.root, request.chain, request.slot = int(context[-1]), [], -1
             if request.drafting and self._budget(n) > 0:
                 draft_rows.append(i)
+                budgets.append(self._budget(n))
         for request in previous.values():
             if request.key not in claimed:
                 self._finish(pool, request)
@@ -341,7 +350,7 @@ class RacerProposer:
         if continued and pool.use_logits:
             self._write_logits(pool, records, continued, logit_rows)
         if draft_rows:
-            self._draft(pool, rows, draft_rows, num_tokens_no_spec, len(rows), out)
+            self._draft(pool, rows, draft_rows, budgets, len(rows), out)
         every = self.options.log_every
         if every and self.stats["calls"] % every == 0:
             logger.info("racer_rs proposer: %s", json.dumps({**self.stats, **self.seconds, **self.timing()}))
@@ -409,7 +418,7 @@ class RacerProposer:
         pool: DraftPool,
         rows: dict[int, _Request],
         draft_rows: list[int],
-        num_tokens_no_spec: np.ndarray,
+        budgets: list[int],
         requests: int,
         out: list[list[int]],
     ) -> None:
@@ -431,9 +440,11 @@ class RacerProposer:
             if self.shared is not None and len(self.shared):
                 candidates.append(pool.retrieval_chains(keys, roots, k, shared=self.shared).chain_table(k))
                 sources.append(_SHARED)
-        tokens, cells = (np.stack(x) for x in zip(*candidates, strict=True))
+        tokens = np.empty((len(candidates), len(draft_rows), k), dtype=np.int32)
+        cells = np.empty_like(tokens)
+        for c, (chain_tokens, chain_cells) in enumerate(candidates):
+            tokens[c], cells[c] = chain_tokens, chain_cells
         edges = self.calibration.probabilities()
-        budgets = [self._budget(int(num_tokens_no_spec[i])) for i in draft_rows]
         cost = self.step_cost.coefficients() if self.options.adaptive else None
         best, lengths = choose_chains(tokens, cells, edges, self.source_scales()[sources], budgets, requests, cost)
         # Every candidate is kept: what each would have committed is known after the step, so
@@ -500,11 +511,8 @@ class RacerProposer:
         candidates = [same_row] if same_row is not None else []
         candidates += by_length.get(before, [])
         for request in candidates:
-            if (
-                request.key not in claimed
-                and request.length == before
-                and np.array_equal(request.context(), context[:before])
-            ):
+            fresh = request.key not in claimed and request.length == before
+            if fresh and _same_tokens(request.tokens, context, before):
                 return request
         return None
 
@@ -522,15 +530,16 @@ class RacerProposer:
         """Append a continued request's new tokens; its automaton takes them in the call's one
         batched ``pool.extend`` (listed in ``extended``), or it stops drafting at a token
         outside the vocabulary."""
-        tokens = np.asarray(new, dtype=np.int64)
+        assert self.vocab_size is not None
+        fits = list_in_vocab(new, self.vocab_size)
         if request.drafting:
-            assert self.vocab_size is not None
-            if in_vocab(tokens, self.vocab_size):
+            if fits:
                 extended.append((request, len(new)))
             else:
                 pool.remove(request.key)
                 request.drafting = False
-        request.append(tokens)
+        # Ids beyond int32 wrap in the buffer as numpy's casts do (the request drafts no more).
+        request.append(new if fits else np.asarray(new, dtype=np.int64))
 
     def _record(self, logits: Any) -> None:
         """Keep the top-k of one ``compute_logits`` call (on its device)."""
@@ -581,6 +590,14 @@ class RacerProposer:
             lengths = np.asarray([len(t) for t in tokens], dtype=np.int64)
             pool.update_topk_many(keys, np.concatenate(tokens), ids[at], lengths, None if probs is None else probs[at])
         self.stats["logit_steps"] += 1
+
+
+def _same_tokens(stored: np.ndarray, context: np.ndarray, length: int) -> bool:
+    """Whether the first ``length`` tokens of two id arrays are equal (a byte compare when
+    both hold int32, as vLLM's ``token_ids_cpu`` and the proposer's buffers do)."""
+    if stored.dtype == context.dtype:
+        return bool(stored[:length].tobytes() == context[:length].tobytes())
+    return bool(np.array_equal(stored[:length], context[:length]))
 
 
 def _config_vocab(config: Any) -> int | None:
