@@ -150,13 +150,27 @@ def make_proposer(method: str, args: argparse.Namespace, vocab: int, clock: Cloc
     return proposer, model
 
 
-def propose(method: str, proposer: Any, rows: list[Request], sampled: list[list[int]], k: int) -> list[list[int]]:
-    """One ``propose`` call with the runner's arrays for the condensed rows."""
+def runner_arrays(rows: list[Request]) -> tuple[np.ndarray, np.ndarray]:
+    """The runner's ``num_tokens_no_spec`` and ``token_ids_cpu`` for the condensed rows (vLLM
+    keeps them up to date as it goes: building them is not the proposer's time)."""
     num_tokens = np.zeros(len(rows), dtype=np.int32)
     token_ids = np.zeros((len(rows), MAX_MODEL_LEN), dtype=np.int32)
     for i, request in enumerate(rows):
         num_tokens[i] = len(request.tokens)
         token_ids[i, : len(request.tokens)] = request.tokens
+    return num_tokens, token_ids
+
+
+def propose(
+    method: str,
+    proposer: Any,
+    rows: list[Request],
+    sampled: list[list[int]],
+    k: int,
+    arrays: tuple[np.ndarray, np.ndarray],
+) -> list[list[int]]:
+    """One ``propose`` call with the runner's arrays for the condensed rows."""
+    num_tokens, token_ids = arrays
     if method == "none":
         return [[] for _ in rows]
     if method == "ngram":
@@ -230,10 +244,11 @@ def run_level(
         if method != "none":
             # The step's logits as one tensor, as the forward leaves them (not the proposer's time).
             logits = target.torch.cat(logit_rows)
+            arrays = runner_arrays(running)
             proposer_start = time.perf_counter()
             if model is not None:  # the runner's compute_logits call on this step's rows
                 model.compute_logits(logits)
-            drafts = propose(method, drafter, running, sampled, args.k)
+            drafts = propose(method, drafter, running, sampled, args.k, arrays)
             spent = time.perf_counter() - proposer_start
             clock.now += spent
             propose_seconds += spent
