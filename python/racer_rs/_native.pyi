@@ -416,7 +416,7 @@ def choose_chains(
     scales: npt.ArrayLike,
     budgets: _TokenArray,
     requests: int,
-    cost: tuple[float, float] | None,
+    cost: tuple[float, float] | tuple[float, float, npt.ArrayLike] | None,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Each request's draft chain among candidates, cut to the tokens that pay.
 
@@ -433,8 +433,10 @@ def choose_chains(
         scales: per candidate, a non-negative factor on its expectations.
         budgets: per row, most tokens it may draft (``>= 0``).
         requests: requests in the step (each verifies one token whether it drafts or not).
-        cost: ``(a, b)``: a step verifying ``n`` tokens takes ``a + b * n`` seconds; ``None``:
-            no cut, every chain token within the budget.
+        cost: ``(a, b)``: a step verifying ``n`` tokens takes ``a + b * n`` seconds;
+            ``(a, b, measured)``: ``measured[n]`` seconds where ``n < len(measured)`` (finite,
+            positive; a CPU forward's staircase), the line beyond; ``None``: no cut, every
+            chain token within the budget.
 
     Returns:
         ``(best, lengths)``, each ``int64[rows]``: the chosen candidate and how many of its
@@ -446,12 +448,14 @@ def choose_chains(
         fewest tokens on ties): at the best rate ``r`` a token pays when ``p > b * r``, so a
         row drafts the candidate whose tokens gain the most beyond that price (a short sure
         chain over a long mediocre one once tokens cost), found by alternating the rows'
-        choices and the batch's cut until no row changes.
+        choices and the batch's cut until no row changes. With ``measured`` seconds the cut
+        of the chosen candidates maximises ``(requests + sum of p) / seconds(requests + n)``
+        exactly (the most probable tokens first), the candidates still priced by the line.
 
     Raises:
         InvalidArgumentError: shapes or lengths that do not match, a chain token's cell
             outside ``edges``, a negative or non-finite scale or budget, or a cost without
-            ``a > 0`` and ``b >= 0`` (finite).
+            ``a > 0`` and ``b >= 0`` (finite) or with a measured time not finite and positive.
         TypeError: an argument of the wrong type or dtype.
     """
 

@@ -59,6 +59,31 @@ fn edges_arg<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray1<'py, f32
     Ok(edges)
 }
 
+/// A step cost: `(a, b)` seconds per step and per verified token, or `(a, b, measured)` with
+/// `measured[n]` the seconds of a step verifying `n` tokens (where measured; finite, positive).
+fn step_cost_arg(given: &Bound<'_, PyAny>) -> PyResult<(f64, f64, Vec<f64>)> {
+    const EXPECTED: &str =
+        "cost: expected None, a pair (a, b) of step seconds or a triple (a, b, measured seconds)";
+    let (a, b, measured) = if let Ok((a, b)) = given.extract::<(Real, Real)>() {
+        (a, b, Vec::new())
+    } else {
+        let (a, b, measured): (Real, Real, Bound<'_, PyAny>) =
+            given.extract().map_err(|_| type_error(EXPECTED.into()))?;
+        (a, b, float_vector(&measured, "cost")?)
+    };
+    if let Some(t) = measured.iter().find(|t| !(t.is_finite() && **t > 0.0)) {
+        return Err(value_error(
+            "cost",
+            format!("measured step seconds must be finite and positive, got {t}"),
+        ));
+    }
+    Ok((
+        a.within("cost", f64::MIN_POSITIVE, f64::MAX)?,
+        b.within("cost", 0.0, f64::MAX)?,
+        measured,
+    ))
+}
+
 /// Non-negative ints as `usize`.
 fn counts(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<usize>> {
     let values = int_arg(obj, arg)?;
@@ -118,18 +143,15 @@ pub(crate) fn choose_chains<'py>(
     let scales = float_vector(&scales, "scales")?;
     let budgets = counts(&budgets, "budgets")?;
     let requests = at_least(requests.extract::<Int>()?, 0, "requests")?;
-    let cost = match unless_none(Some(cost)) {
+    let given = match unless_none(Some(cost)) {
         None => None,
-        Some(pair) => {
-            let (a, b): (Real, Real) = pair.extract().map_err(|_| {
-                type_error("cost: expected None or a pair (a, b) of step seconds".into())
-            })?;
-            Some(StepCost {
-                a: a.within("cost", f64::MIN_POSITIVE, f64::MAX)?,
-                b: b.within("cost", 0.0, f64::MAX)?,
-            })
-        }
+        Some(given) => Some(step_cost_arg(&given)?),
     };
+    let cost = given.as_ref().map(|(a, b, measured)| StepCost {
+        a: *a,
+        b: *b,
+        measured,
+    });
     let choice = choose(
         table,
         edges.as_slice().unwrap_or(&[]),

@@ -16,17 +16,23 @@ from racer_rs import optional_deps
 from racer_rs._native import chain_outcomes, choose_chains
 from racer_rs.errors import InvalidArgumentError
 from racer_rs.integrations import vllm as integration
-from racer_rs.integrations._payoff import StepCost
+from racer_rs.integrations._payoff import MEASURED_TOKENS, StepCost
 from racer_rs.integrations.options import ServingOptions
 
 VOCAB = 64
 
 
-def brute_force(probs: np.ndarray, requests: int, a: float, b: float) -> float:
+def brute_force(probs: np.ndarray, requests: int, a: float, b: float, measured: np.ndarray | None = None) -> float:
+    """The best tokens per second over every prefix length per row (a step of ``n`` tokens
+    takes ``measured[n]`` where given, else ``a + b * n``)."""
+
+    def seconds(n: int) -> float:
+        return float(measured[n]) if measured is not None and n < len(measured) else a + b * n
+
     best = -1.0
     for lengths in itertools.product(*[range(int((row > 0).sum()) + 1) for row in probs]):
         gained = sum(float(row[:n].sum()) for row, n in zip(probs, lengths, strict=True))
-        best = max(best, (requests + gained) / (a + b * (requests + sum(lengths))))
+        best = max(best, (requests + gained) / seconds(requests + sum(lengths)))
     return best
 
 
@@ -55,6 +61,43 @@ def test_chosen_lengths_maximise_tokens_per_second(seed):
     rate = (requests + gained) / (a + b * (requests + int(lengths.sum())))
     assert rate == pytest.approx(brute_force(probs, requests, a, b), rel=1e-9)
     assert all(n <= (row > 0).sum() for row, n in zip(probs, lengths, strict=True))
+
+
+def staircase(rng: np.random.Generator, a: float, b: float, end: int) -> np.ndarray:
+    """Step seconds of a CPU-like forward: the line, plus a stair every few tokens."""
+    block = int(rng.integers(2, 6))
+    stair = float(rng.uniform(0.0, 0.5))
+    return np.array([a + b * n + stair * (n // block) for n in range(end)])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_chosen_lengths_maximise_tokens_per_second_on_a_measured_staircase(seed):
+    rng = np.random.default_rng(100 + seed)
+    rows, k = int(rng.integers(1, 4)), 3
+    edges = rng.uniform(0.05, 1.0, (rows, k))
+    tokens, cells, edges32, probs = one_candidate(edges, rng.integers(0, k + 1, rows))
+    a, b = 1.0, float(rng.uniform(0.01, 0.2))
+    requests = rows + int(rng.integers(0, 3))
+    # Measured up to some count, the line beyond it.
+    measured = staircase(rng, a, b, int(rng.integers(requests, requests + rows * k + 2)))
+    _, lengths = choose_chains(tokens, cells, edges32, [1.0], [k] * rows, requests, (a, b, measured))
+    gained = sum(float(row[:n].sum()) for row, n in zip(probs, lengths, strict=True))
+    n = requests + int(lengths.sum())
+    rate = (requests + gained) / (measured[n] if n < len(measured) else a + b * n)
+    assert rate == pytest.approx(brute_force(probs, requests, a, b, measured), rel=1e-9)
+
+
+def test_a_cut_by_the_line_alone_fails_the_staircase():
+    """The check above can fail: the line's cut steps onto a stair that does not pay."""
+    tokens, cells, edges32, probs = one_candidate(np.full((8, 2), 0.5), np.full(8, 2))
+    a, b, requests = 1.0, 0.01, 8
+    measured = np.array([a + b * n + (0.3 if n > 16 else 0.0) for n in range(25)])
+    _, by_line = choose_chains(tokens, cells, edges32, [1.0], [2] * 8, requests, (a, b))
+    _, by_stairs = choose_chains(tokens, cells, edges32, [1.0], [2] * 8, requests, (a, b, measured))
+    assert by_line.tolist() == [2] * 8 and by_stairs.tolist() == [1] * 8
+    gained = sum(float(row[:n].sum()) for row, n in zip(probs, by_line, strict=True))
+    line_rate = (requests + gained) / measured[requests + int(by_line.sum())]
+    assert line_rate < brute_force(probs, requests, a, b, measured) * (1 - 1e-6)
 
 
 def test_a_cut_by_chain_order_alone_fails_the_brute_force():
@@ -157,6 +200,10 @@ def test_a_choice_by_the_whole_chain_fails_the_joint_brute_force():
         ({"budgets": [-1]}, InvalidArgumentError, "budgets"),
         ({"cost": (0.0, 1.0)}, InvalidArgumentError, "cost"),
         ({"cost": (1.0, float("nan"))}, InvalidArgumentError, "cost"),
+        ({"cost": (1.0, 0.1, [1.0, float("nan")])}, InvalidArgumentError, "measured"),
+        ({"cost": (1.0, 0.1, [1.0, 0.0])}, InvalidArgumentError, "measured"),
+        ({"cost": (1.0, 0.1, "fast")}, TypeError, "float"),
+        ({"cost": (1.0, 0.1, 2.0, 3.0)}, TypeError, "cost"),
         ({"tokens": np.zeros((1, 1, 2), dtype=np.int64)}, TypeError, "int32"),
         ({"tokens": np.zeros((1, 2, 2), dtype=np.int32)}, InvalidArgumentError, "shape"),
     ],
@@ -228,6 +275,27 @@ def test_chain_outcomes_refuse_a_row_outside_the_table():
         chain_outcomes(tokens, tokens, edges, [1], [0], [0], [[0]])
     with pytest.raises(InvalidArgumentError, match="one length"):
         chain_outcomes(tokens, tokens, edges, [0], [0, 0], [0], [[0]])
+
+
+def test_step_cost_measures_a_staircase_and_keeps_the_line_elsewhere():
+    cost = StepCost()
+    rng = np.random.default_rng(0)
+
+    def true_seconds(n: int) -> float:
+        return 0.030 + 0.0005 * n + (0.004 if n > 16 else 0.0)
+
+    for _ in range(600):
+        n = int(rng.integers(8, 25))
+        cost.observe(n, true_seconds(n) + float(rng.normal(0, 0.0005)))
+    cost.observe(12, 0.080)  # one slow step (a stalled machine) is averaged, not carried up
+    measured = cost.measured(40)
+    assert len(measured) == 41 and np.all(np.diff(measured) >= 0)
+    assert measured[17] - measured[16] > 0.003  # the stair
+    for n in (10, 14, 20, 24):
+        assert measured[n] == pytest.approx(true_seconds(n), abs=0.0012)
+    a, b = cost.coefficients()
+    assert measured[40] == pytest.approx(max(a + b * 40, measured[24]))  # never seen: the line
+    assert len(cost.measured(10**6)) == MEASURED_TOKENS + 1 and len(cost.measured(-3)) == 1
 
 
 def test_step_cost_recovers_a_linear_cost():

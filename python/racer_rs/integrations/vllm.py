@@ -137,9 +137,6 @@ class _Request:
     chain: list[int] = field(default_factory=list)  # drafted at the last call, after root
     slot: int = -1  # its row in the last call's candidate chains (-1: none)
 
-    def context(self) -> np.ndarray:
-        return self.tokens[: self.length]
-
     def append(self, new: list[int] | np.ndarray) -> None:
         end = self.length + len(new)
         if end > len(self.tokens):
@@ -445,7 +442,9 @@ class RacerProposer:
         for c, (chain_tokens, chain_cells) in enumerate(candidates):
             tokens[c], cells[c] = chain_tokens, chain_cells
         edges = self.calibration.probabilities()
-        cost = self.step_cost.coefficients() if self.options.adaptive else None
+        cost = None
+        if self.options.adaptive:  # the line, and the staircase of the token counts timed
+            cost = (*self.step_cost.coefficients(), self.step_cost.measured(requests + sum(budgets)))
         best, lengths = choose_chains(tokens, cells, edges, self.source_scales()[sources], budgets, requests, cost)
         # Every candidate is kept: what each would have committed is known after the step, so
         # every source's cells learn, not only the chosen one's.
