@@ -15,7 +15,8 @@ automaton and of the automaton shared across requests (:meth:`racer_rs.Automaton
 continuation of the longest matched context, as SuffixDecoding's greedy path, where the tree's
 retrieval ranks continuations of its shortest match by count). Each request drafts the chain
 whose tokens, by the calibrated edges, gain the most beyond what a token costs in the batch's
-forward, cut to the tokens that pay (:func:`racer_rs._native.choose_chains`); every
+forward, cut to the tokens that pay by the measured time of each token count
+(:func:`racer_rs._native.choose_chains`, :class:`racer_rs.integrations._payoff.StepCost`); every
 candidate's edges learn from what the target then sampled. Each source's expectations are scaled by what
 its chosen chains committed against what their edges expected (:meth:`RacerProposer.source_scales`):
 choosing the likeliest of three favours the chain whose estimate came out high, more so for
