@@ -143,12 +143,14 @@ const MAX_PASSES: usize = 16;
 /// from the rows' likeliest candidates, the cut ([`cut_lengths`]) gives a rate, the rate a
 /// price, the price the rows' candidates, until no row changes; its fixed point is the best
 /// rate over every candidate and length per row. A candidate chosen by its whole sum would
-/// draft a long mediocre chain where a short sure one pays more once tokens cost.
+/// draft a long mediocre chain where a short sure one pays more once tokens cost. With
+/// [`StepCost::measured`] seconds the cut of the chosen candidates is exact on that staircase
+/// (the candidates are still priced by the line's `b`).
 ///
 /// # Errors
 /// `InvalidArgument` if the table's or the other arguments' lengths do not match, a chain
 /// token's cell is outside `edges`, a scale is negative or not finite, or the cost is not
-/// finite with `a > 0` and `b >= 0`.
+/// finite with `a > 0` and `b >= 0` or a measured time is not finite and positive.
 pub fn choose(
     table: ChainTable<'_>,
     edges: &[f32],
