@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import time
@@ -64,69 +63,24 @@ def record(path: str, replay_args: list[str]) -> None:
         print(f"recorded {', '.join(f'{m}: {len(c)} calls' for m, c in calls.items())} in {path}")
 
 
-class Clock:
-    """``RacerProposer``'s ``time``: each step costs 60 ms plus 2 ms per verified token."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-
-def config(max_model_len: int, rows: int) -> SimpleNamespace:
-    spec = SimpleNamespace(
-        num_speculative_tokens=K,
-        suffix_decoding_max_tree_depth=24,
-        suffix_decoding_max_cached_requests=10000,
-        suffix_decoding_max_spec_factor=1.0,
-        suffix_decoding_min_token_prob=0.1,
-    )
-    return SimpleNamespace(
-        speculative_config=spec,
-        model_config=SimpleNamespace(max_model_len=max_model_len, get_vocab_size=lambda: VOCAB),
-        scheduler_config=SimpleNamespace(max_num_seqs=rows),
-        parallel_config=SimpleNamespace(tensor_parallel_size=1),
-    )
-
-
 def replay(method: str, calls: list[Any], flush: np.ndarray) -> tuple[float, list[Any]]:
-    """Seconds per call of a fresh proposer over ``calls``, and its drafts."""
-    import racer_rs.integrations.vllm as integration
-
-    width = vllm_replay.MAX_MODEL_LEN
+    """Seconds per call of a fresh proposer over ``calls`` (built and called as the replay
+    does), and its drafts."""
+    clock = vllm_replay.Clock()  # RacerProposer's step clock: 60 ms plus 2 ms a sampled token
     most_rows = max(len(rows) for _, rows in calls)
-    clock = Clock()
-    if method == "racer":
-        integration.time = clock  # type: ignore[assignment]
-        os.environ["RACER_RS_OPTIONS"] = "{}"
-        proposer: Any = integration.RacerProposer(config(width, most_rows))
-    elif method == "suffix":
-        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
-
-        proposer = SuffixDecodingProposer(config(width, most_rows))
-    else:
-        raise SystemExit(f"can time racer and suffix, not {method!r}")
+    settings = SimpleNamespace(k=K, concurrency=[most_rows], variants={})
+    proposer, _ = vllm_replay.make_proposer(method, settings, VOCAB, clock)
+    numbers: dict[str, int] = {}  # each recorded request key as the replay's request index
     spent, drafts = 0.0, []
     for sampled, rows in calls:
-        lengths = np.array([len(tokens) for _, _, tokens in rows], dtype=np.int32)
-        ids = np.zeros((len(rows), width), dtype=np.int32)
-        for i, (_, _, tokens) in enumerate(rows):
-            ids[i, : len(tokens)] = tokens
+        requests = [
+            vllm_replay.Request(numbers.setdefault(key, len(numbers)), tokens[:prompt], tokens)
+            for key, prompt, tokens in rows
+        ]
+        arrays = vllm_replay.runner_arrays(requests)
         flush.sum()
         start = time.perf_counter()
-        if method == "racer":
-            out = proposer.propose(sampled, lengths, ids)
-        else:
-            keys = [key for key, _, _ in rows]
-            batch = SimpleNamespace(
-                req_ids=keys,
-                req_id_to_index={key: i for i, key in enumerate(keys)},
-                num_tokens_no_spec=lengths,
-                token_ids_cpu=ids,
-                num_prompt_tokens=np.array([prompt for _, prompt, _ in rows], dtype=np.int32),
-            )
-            out = proposer.propose(K, batch, sampled)
+        out = vllm_replay.propose(method, proposer, requests, sampled, K, arrays)
         spent += time.perf_counter() - start
         clock.now += 0.06 + 0.002 * sum(len(s) for s in sampled)
         drafts.append([list(map(int, d)) for d in out])
