@@ -330,9 +330,10 @@ class RacerProposer:
                 timed = False
             rows[i] = request
             request.root, request.chain, request.slot = int(context[-1]), [], -1
-            if request.drafting and self._budget(n) > 0:
+            budget = self._budget(n)
+            if request.drafting and budget > 0:
                 draft_rows.append(i)
-                budgets.append(self._budget(n))
+                budgets.append(budget)
         for request in previous.values():
             if request.key not in claimed:
                 self._finish(pool, request)
