@@ -15,8 +15,11 @@ Reported per method and concurrency: output tokens per second (all requests over
 wall time), time per output token (request latency over its output tokens; mean with a 95%
 bootstrap interval), per-request speed over no speculation (geometric mean with interval),
 acceptance length (1 + accepted drafts per drafting step, from the server's /metrics), tokens per
-target step (output tokens over output tokens minus accepted drafts), whether greedy outputs
-equal no speculation's, and for RacerProposer its own milliseconds per step (from its log line).
+target step (output tokens over output tokens minus accepted drafts), the engine's steps (the
+level's wall time and output tokens over the steps its /metrics counted, prefill steps included:
+every method's step time, which the proposer's own log gives for RacerProposer alone), whether
+greedy outputs equal no speculation's, and for RacerProposer its own milliseconds per step (from
+its log line).
 
 Run inside the environment of ``.ci/vllm_stage.sh`` (``VLLM_STAGE_SETUP_ONLY=1
 VLLM_STAGE_SUFFIX=1 .ci/vllm_stage.sh WHEEL DIR``, then ``DIR/venv/bin/python`` this file). One
@@ -152,6 +155,10 @@ class Server:
         for name in SPEC_METRICS:
             match = re.search(rf"^vllm:spec_decode_{name}_total(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
             found[name] = float(match.group(1)) if match else 0.0
+        # Engine steps (every method's, prefill steps included): the count of vLLM's histogram of
+        # tokens per step.
+        match = re.search(r"^vllm:iteration_tokens_total_count(?:{[^}]*})? ([0-9.e+]+)$", text, re.M)
+        found["engine_steps"] = float(match.group(1)) if match else 0.0
         return found
 
     def proposer_log(self) -> dict[str, float] | None:
@@ -178,7 +185,7 @@ def run_level(server: Server, prompts: list[list[int]], concurrency: int, max_to
     wall = time.perf_counter() - start
     after, log_after = server.spec_counters(), server.proposer_log()
     done = [r for r in results if r is not None]
-    spec = {name: after[name] - before[name] for name in SPEC_METRICS}
+    spec = {name: after[name] - before[name] for name in (*SPEC_METRICS, "engine_steps")}
     level: dict[str, Any] = {"wall": wall, "requests": done, "spec": spec}
     if log_before is not None and log_after is not None:
         level["proposer"] = {key: log_after[key] - log_before.get(key, 0.0) for key in log_after}
@@ -214,6 +221,10 @@ def summarize(levels: list[dict[str, Any]], references: list[dict[str, Any]] | N
     if drafts > 0:
         out["acceptance_length"] = 1.0 + accepted / drafts
         out["tokens_per_step"] = float(tokens.sum() / max(tokens.sum() - accepted, 1.0))
+    engine_steps = sum(level["spec"].get("engine_steps", 0.0) for level in levels)
+    if engine_steps > 0:  # the level's wall over its engine steps, and its output tokens per step
+        out["engine_step_ms"] = 1e3 * sum(level["wall"] for level in levels) / engine_steps
+        out["output_per_engine_step"] = float(tokens.sum() / engine_steps)
     if references is not None:
         ref = [r for level in references for r in level["requests"]]
         ref_tpot = np.array([r["seconds"] / max(r["tokens"], 1) for r in ref])
@@ -398,8 +409,9 @@ def run_rounds(
 def print_table(table: list[dict[str, Any]]) -> None:
     print("\ntokens/s over all requests (mean [min, max] over runs); TPOT and speed with 95% bootstrap intervals")
     print("| method | conc. | prompts | tokens/s | tokens/s vs none | TPOT ms | speed vs none (per request) "
-          "| accept. length | tokens/step | same output | RACER propose ms/step | step ms |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| accept. length | tokens/step | engine steps: ms, output tokens | same output | RACER propose ms/step "
+          "| step ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in table:
         t, rate = row["tpot_ms"], row["tokens_per_s"]
         speed, ratio = row.get("speed_vs_none"), row.get("throughput_vs_none")
@@ -414,6 +426,7 @@ def print_table(table: list[dict[str, Any]]) -> None:
             f"{t[0]:.1f} [{t[1]:.1f}, {t[2]:.1f}]",
             f"{speed[0]:.2f}x [{speed[1]:.2f}, {speed[2]:.2f}]" if speed else "",
             "" if acc is None or math.isnan(acc) else f"{acc:.2f}", f"{row['tokens_per_step']:.2f}",
+            f"{row['engine_step_ms']:.1f}, {row['output_per_engine_step']:.2f}" if "engine_step_ms" in row else "",
             f"{row['same_output']}/{row['prompts']}" if "same_output" in row else "",
             f"{racer['propose_per_call']:.2f} (+{racer['logits_per_call']:.2f} top-k)" if racer else "",
             f"{racer['step']:.1f}" if racer else "",

@@ -73,3 +73,17 @@ def test_rounds_alternate_the_order_use_new_prompts_and_pair_each_round_with_its
     for row in racer_rows:
         assert row["runs"] == 3
         assert row["throughput_vs_none"] == pytest.approx([1.25, 1.25, 1.25])
+
+
+def test_engine_steps_give_every_method_its_step_time_and_output_per_step(vllm_cpu):
+    def level(wall: float, steps: float) -> dict[str, Any]:
+        requests = [{"text": "x", "tokens": 30, "seconds": wall} for _ in range(2)]
+        spec = {"num_drafts": 10.0, "num_draft_tokens": 40.0, "num_accepted_tokens": 20.0, "engine_steps": steps}
+        return {"wall": wall, "requests": requests, "spec": spec}
+
+    row = vllm_cpu.summarize([level(2.0, 100.0), level(1.0, 20.0)], None)
+    assert row["engine_step_ms"] == pytest.approx(1e3 * 3.0 / 120.0)  # walls over steps, both rounds
+    assert row["output_per_engine_step"] == pytest.approx(120.0 / 120.0)
+    assert row["tokens_per_step"] == pytest.approx(120.0 / 80.0)
+    old = level(2.0, 0.0)  # a server whose /metrics had no step count: no figure rather than a wrong one
+    assert "engine_step_ms" not in vllm_cpu.summarize([old], None)
