@@ -51,6 +51,12 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 METHODS = ("none", "ngram", "suffix", "racer")
 PROPOSER = "racer_rs.integrations.vllm.RacerProposer"
 SPEC_METRICS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+# The counters read from the server's /metrics before and after each level: the speculative ones,
+# and the engine's steps (every method's, prefill steps included: the count of vLLM's histogram
+# of tokens per step).
+COUNTERS = {name: f"spec_decode_{name}_total" for name in SPEC_METRICS} | {
+    "engine_steps": "iteration_tokens_total_count"
+}
 
 
 def load_prompts(tokenizer: Any, per_set: int, skip: int) -> list[list[int]]:
@@ -152,13 +158,9 @@ class Server:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
             text = r.read().decode()
         found = {}
-        for name in SPEC_METRICS:
-            match = re.search(rf"^vllm:spec_decode_{name}_total(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+        for name, metric in COUNTERS.items():
+            match = re.search(rf"^vllm:{metric}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
             found[name] = float(match.group(1)) if match else 0.0
-        # Engine steps (every method's, prefill steps included): the count of vLLM's histogram of
-        # tokens per step.
-        match = re.search(r"^vllm:iteration_tokens_total_count(?:{[^}]*})? ([0-9.e+]+)$", text, re.M)
-        found["engine_steps"] = float(match.group(1)) if match else 0.0
         return found
 
     def proposer_log(self) -> dict[str, float] | None:
@@ -185,7 +187,7 @@ def run_level(server: Server, prompts: list[list[int]], concurrency: int, max_to
     wall = time.perf_counter() - start
     after, log_after = server.spec_counters(), server.proposer_log()
     done = [r for r in results if r is not None]
-    spec = {name: after[name] - before[name] for name in (*SPEC_METRICS, "engine_steps")}
+    spec = {name: after[name] - before[name] for name in COUNTERS}
     level: dict[str, Any] = {"wall": wall, "requests": done, "spec": spec}
     if log_before is not None and log_after is not None:
         level["proposer"] = {key: log_after[key] - log_before.get(key, 0.0) for key in log_after}
