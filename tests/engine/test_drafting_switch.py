@@ -3,20 +3,27 @@
 Checked: the switch's schedule against its definition (an untried mode first, then the faster
 one, the slower one after waits of 2, 4, 8... blocks up to SWITCH_EXPLORE, the waits starting
 over when the verdict changes), that plain steps still feed the drafters' tables
-and keep every row lossless (greedy and seeded sampling, modes alternating step by step), and
-that a switch ignoring the rates fails the schedule check.
+and keep every row lossless (greedy and seeded sampling, modes alternating step by step), that
+they teach the batch's cost curve its size 1, and that a switch ignoring the rates fails the
+schedule check.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import racer_rs  # noqa: E402
+from racer_rs._native import DraftTree  # noqa: E402
+from racer_rs.autosize import batch_sizer  # noqa: E402
+from racer_rs.autosize.cost_model import CostModel  # noqa: E402
+from racer_rs.autosize.sizer import SizeChoice  # noqa: E402
+from racer_rs.drafters.base import Proposal  # noqa: E402
 from racer_rs.engine import capacity, drafting  # noqa: E402
 from racer_rs.engine.capacity import (  # noqa: E402
     SWITCH_BLOCK,
@@ -150,3 +157,56 @@ def test_plain_steps_keep_seeded_sampling_exact(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(capacity.AutoCapacity, "drafts", alternating)
     batch = racer_rs.generate_batch(model, PROMPTS, capacity="auto", seed=5, **kwargs)
     assert [r.tokens for r in batch] == alone
+
+
+def test_plain_steps_price_a_batch_s_size_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """The switch's plain steps teach the batch's cost curve its size 1, which the cut prices
+    every node against. Measured flat (a padded size 2 timed at a plain step's cost), the curve
+    meets plain steps of 1.0 s and drafted steps padded to 2 of 1.3 s, block by block: it must
+    learn that size 2 costs about 1.3x size 1. Fed the drafted steps alone, its load followed
+    their 1.3 s and priced size 1 (never met) there too, so a padded size 2 looked free."""
+    monkeypatch.setenv("RACER_RS_CACHE", str(tmp_path))
+    sizes = [1, 2, 4, 8, 16]
+    measured = CostModel(sizes, {128: [1.0, 1.0, 1.2, 1.6, 2.4], 1024: [1.0, 1.0, 1.2, 1.6, 2.4]})
+
+    class Costs:
+        def for_batch(self, batch: int) -> CostModel:
+            return measured
+
+        def save(self) -> None:
+            pass
+
+    monkeypatch.setattr(batch_sizer, "batch_costs", lambda model, max_capacity, batch: Costs())
+    policy = capacity.AutoCapacity(tiny_model("llama"), "racer", True, 16, 4)
+    rows = [0, 1, 2, 3]
+    for row in rows:
+        policy.admit(row)
+    pair = Proposal(DraftTree.chain(np.asarray([3, 4], dtype=np.int32)))
+    root = Proposal(DraftTree.chain(np.asarray([3], dtype=np.int32)))
+    choice = SizeChoice(np.asarray([0, 1]), 1.5, 0.5)
+
+    def step(drafted: bool) -> capacity.StepReport:
+        proposals = [pair if drafted else root] * len(rows)
+        return capacity.StepReport(
+            rows=rows,
+            full=proposals,
+            verified=proposals,
+            choices=[choice if drafted else None] * len(rows),
+            paths=[[0, 1] if drafted else [0]] * len(rows),
+            bonuses=[5] * len(rows),
+            randomized=[False] * len(rows),
+            committed=[2 if drafted else 1] * len(rows),
+            context=300,
+            padded=2 if drafted else 1,
+            forward=1.2 if drafted else 0.9,
+            step=1.3 if drafted else 1.0,
+            drafted=drafted,
+        )
+
+    for _ in range(30):
+        for drafted in (False, True):
+            for _ in range(SWITCH_BLOCK):
+                policy.observe(step(drafted))
+    one, two = measured.step_seconds(np.asarray([1, 2]), 300)
+    assert one == pytest.approx(1.0, rel=0.1)
+    assert two / one == pytest.approx(1.3, rel=0.08)

@@ -136,8 +136,9 @@ SHAPE_RANGE = (1 / 4, 4.0)
 
 #: Sizes up to this one have a shape bucket each; bigger ones share one per power of two.
 EXACT_BUCKETS = 8
-#: The bucket layout of stored shape factors (states with another layout start from shape 1).
-BUCKET_SCHEME = 3
+#: The scheme of stored shape factors, their bucket layout and what teaches them (states of
+#: another scheme start from shape 1): 4, a batch size's plain steps teach its size 1.
+BUCKET_SCHEME = 4
 
 
 def size_bucket(n: int) -> int:

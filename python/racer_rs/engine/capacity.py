@@ -331,12 +331,18 @@ class AutoCapacity:
                 )
             else:
                 sizer.learn(*arguments, randomized=report.randomized[index], committed=report.committed[index])
-        if batch > 1 and report.drafted:
+        if batch > 1:
             # A batched step's curve learns the whole step: what it costs beyond the verify phase
             # grows with the padded size too (the cache moves of every row's accepted nodes,
             # rows finishing), and a constant overhead priced a padded size of 2 at 1.10x a plain
-            # step when it took 1.16x (SmolLM2, 16 rows).
-            self.costs.for_batch(batch).observe(report.padded, report.context, self._as_uniform(report), 0.0)
+            # step when it took 1.16x (SmolLM2, 16 rows). The drafting switch's plain steps are
+            # the curve's size 1: the cut prices every node against them, and a cut that rarely
+            # keeps nothing never measures size 1 itself. Without them the size-1 price followed
+            # the load fitted to padded size 2 and drifted 50% above a plain step, and the padded
+            # size 2 (priced at least as size 1) looked free (SmolLM2, 8 rows sampled: verified
+            # at 1.13x a plain step's time for 1.10x its tokens).
+            seconds = self._as_uniform(report) if report.drafted else report.step
+            self.costs.for_batch(batch).observe(report.padded, report.context, seconds, 0.0)
 
     def _as_uniform(self, report: StepReport) -> float:
         """A flat step's seconds scaled to the step with every row at its padded size, which the
