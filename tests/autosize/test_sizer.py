@@ -289,6 +289,29 @@ def test_a_load_spike_moves_the_load_and_passes_leaving_the_shapes_alone():
     assert restored.forward_seconds(np.array([16]), 128)[0] < 1.25 * measured[16]
 
 
+@pytest.mark.parametrize("slow", [1.8, 5.0])
+def test_occasional_slow_steps_leave_the_prices_where_they_are(slow: float):
+    """A batch of plain steps (size 1 alone) where one step in 20 is slow (another process, a
+    cache growth), then size 2 met again: the curve must still price both sizes as they run.
+    With each step's shape share clipped and the load's overshoot after a slow step not, the
+    size-1 shape fell a little at every slow step while the load rose to match, until a plain
+    step was priced at a quarter of its time against the other sizes."""
+    cost = steep_cost(per_node=0.0)
+    truth = {1: 1.0, 2: 1.3}  # the measured curve says 1.0 for both
+    for _ in range(60):  # the two sizes learned side by side first
+        for n in (1, 2):
+            cost.observe(n, 128, forward=truth[n], overhead=0.0)
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        cost.observe(1, 128, forward=truth[1] * (slow if rng.random() < 0.05 else 1.0), overhead=0.0)
+    for _ in range(10):
+        cost.observe(1, 128, forward=truth[1], overhead=0.0)
+    seconds = cost.forward_seconds(np.array([1, 2]), 128)
+    assert seconds[0] == pytest.approx(truth[1], rel=0.1)
+    assert seconds[1] / seconds[0] == pytest.approx(truth[2] / truth[1], rel=0.1)
+    assert cost.load < 1.5  # the load is the machine's now, not a shape's drift
+
+
 def test_the_shape_learns_what_the_measured_curve_got_wrong_for_one_size():
     cost = steep_cost(per_node=1.0)
     measured = {n: float(cost.measured_seconds(np.array([n]), 128)[0]) for n in (1, 16)}

@@ -123,9 +123,7 @@ CURVE_CONTEXTS = (128, 1024)
 LOAD_RATE = 0.3
 #: Weight of the newest step in a size bucket's shape factor: the measured curve's own error for
 #: that size, a property of the model and device, so it is learned slowly from many steps.
-SHAPE_RATE = 0.05
-#: Largest share (in log) of one step's prediction error a shape factor takes.
-SHAPE_STEP = 0.1
+SHAPE_RATE = 0.02
 #: Overhead outside the forward (drafting, acceptance) is averaged at this rate.
 CORRECTION_RATE = 0.1
 #: Load factors beyond this range are clipped (a 10x spike must not decide the next hour).
@@ -197,9 +195,10 @@ class CostModel:
       while the machine was still warming up). Stored with the curve; 1 for a bucket never seen.
 
     Each step's error (in log space, observed over predicted seconds) moves the load by a large
-    share and the bucket's shape by a small, bounded one; the shapes' mean is then folded into
-    the level. A burst of load thus moves the load, not the shapes, and one disturbed first step
-    no longer sets a bucket's factor for good (as a single "first observation" factor did).
+    share and the bucket's shape by a small one; the shapes' mean is then folded into the
+    level. A burst of load thus moves the load, hardly the shapes (and the errors after it, while
+    the load comes back, take that back), and one disturbed first step no longer sets a bucket's
+    factor for good (as a single "first observation" factor did).
 
     Args:
         sizes: the tree sizes measured, ascending, starting at 1.
@@ -281,9 +280,13 @@ class CostModel:
         log_level = float(np.log(self.level))
         error = log_ratio - log_load - log_level - log_shape[bucket]
         log_load += LOAD_RATE * error
-        # The shape takes a bounded share of each step's error: a burst of load is a run of
-        # large errors, a wrong curve a long run of small ones.
-        log_shape[bucket] += SHAPE_RATE * float(np.clip(error, -SHAPE_STEP, SHAPE_STEP))
+        # The shape takes a small share of each step's error: a burst of load is a run of large
+        # errors that the load follows and that the errors after it take back, a wrong curve a
+        # long run of small ones. Not a clipped share: a slow step's error clipped, and the
+        # load's overshoot after it not, the shape fell a little with every disturbance while
+        # the load rose to match (SmolLM2 at 8 rows: a plain step priced at a quarter of its
+        # time and a load of 6 after 750 plain steps, so no node ever paid).
+        log_shape[bucket] += SHAPE_RATE * error
         # Level and shape only meet as a product; the shapes' mean (over the buckets seen) is
         # moved into the level, so one bucket alone keeps shape 1, and a bucket never seen is
         # predicted like the average of those that were.
