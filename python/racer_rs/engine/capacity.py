@@ -341,8 +341,7 @@ class AutoCapacity:
             # the load fitted to padded size 2 and drifted 50% above a plain step, and the padded
             # size 2 (priced at least as size 1) looked free (SmolLM2, 8 rows sampled: verified
             # at 1.13x a plain step's time for 1.10x its tokens).
-            seconds = self._as_uniform(report) if report.drafted else report.step
-            self.costs.for_batch(batch).observe(report.padded, report.context, seconds, 0.0)
+            self.costs.for_batch(batch).observe(report.padded, report.context, self._as_uniform(report), 0.0)
 
     def _as_uniform(self, report: StepReport) -> float:
         """A flat step's seconds scaled to the step with every row at its padded size, which the
