@@ -13,7 +13,7 @@ Three measurements on the same model:
 3. divergence: every method's greedy output against ``ar``'s in the same dtype; at each first
    divergence the reference top-2 gap against the near-tie tolerance (the runner's check).
 
-Example (the README's dtype table):
+Example (docs/results.md's dtype table):
     python benches/bench_dtype.py --model smollm2-135m-instruct --threads 1 2
 """
 

@@ -7,7 +7,7 @@ milliseconds and the ratio to n = 1: how much a bigger tree costs on this machin
 Half-precision weights are packed as ``load_model`` packs them (``--no-pack-weights``: torch's own
 layers; ``benches/bench_packed_linear.py`` puts the two side by side).
 
-Example (the README's cost table, SmolLM2-135M-Instruct on this CPU):
+Example (docs/results.md's cost table, SmolLM2-135M-Instruct on this CPU):
     python benches/bench_forward_cost.py --model smollm2-135m-instruct --dtype float32 bfloat16 --threads 1 2
 """
 

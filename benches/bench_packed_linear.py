@@ -12,7 +12,7 @@ Two measurements, packed and unpacked interleaved round by round (this machine's
 It also prints the memory the packed copies take and whether the model's logits over a
 ``--context``-token input are the same packed and unpacked (the largest difference).
 
-Example (the README's figures, SmolLM2-135M-Instruct on this CPU):
+Example (docs/results.md's figures, SmolLM2-135M-Instruct on this CPU):
     python benches/bench_packed_linear.py --model smollm2-135m-instruct --dtype bfloat16 --threads 1 2
 """
 

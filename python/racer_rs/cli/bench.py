@@ -39,8 +39,8 @@ from racer_rs.drafters.index import LEARNS_INTO_INDEX
 
 #: ``suffix`` runs by default only where arctic-inference (the ``suffix`` extra) is installed.
 #: racer runs at the fixed capacity and with ``capacity="auto"`` (plain and scored trees): auto
-#: was not worse than the fixed capacity in any measured interval (README, "Every node must
-#: pay"), and the fixed scored tree was behind both, so it left the defaults.
+#: was not worse than the fixed capacity in any measured interval (docs/results.md, its
+#: ``capacity="auto"`` section), and the fixed scored tree was behind both, so it left the defaults.
 DEFAULT_METHODS = (
     "ar",
     "hf",

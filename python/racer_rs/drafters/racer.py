@@ -159,7 +159,7 @@ class RacerOptions:
 #: a call's rows serve the rows admitted after them, and the next call starts empty) or a
 #: persistent drafter's (``racer bench``, a server). On code, where answers share text that a
 #: request's own prompt lacks, this is what moves racer's drafts most: Qwen2.5-Coder-0.5B on 16
-#: HumanEval problems at concurrency 1, 2.21x ``ar`` with it against 1.62x without it (README,
+#: HumanEval problems at concurrency 1, 2.21x ``ar`` with it against 1.62x without it (docs/results.md,
 #: "Serving-style"); on chat it changes little. Drafting stays lossless and a seeded row still
 #: samples what plain sampling does with its seed, whatever the index holds.
 DEFAULT_INDEX: dict[str, Any] = {"index": MEMORY, "index_scope": "drafter"}

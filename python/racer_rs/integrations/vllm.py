@@ -90,7 +90,7 @@ FALLBACK_VOCAB = 1 << 18
 #: RACER's options the proposer takes where ``$RACER_RS_OPTIONS`` does not name them: chains
 #: may follow a one-token match (the calibrated cells carry the match length, so the cut keeps
 #: such a token only where it pays, as for the scored methods' ``CALIBRATED_MIN_DEPTH``). In the
-#: replay (SmolLM2-135M-Instruct, 16 prompts, against ``min_depth`` 2; README): 92.84 against
+#: replay (SmolLM2-135M-Instruct, 16 prompts, against ``min_depth`` 2; docs/results.md): 92.84 against
 #: 91.19 tokens/s at concurrency 8, 64.97 against 65.21 and 71.01 against 69.40 at 4 (two prompt
 #: sets), 22.66 against 22.75 at 1.
 RACER_DEFAULTS: Mapping[str, Any] = MappingProxyType({"min_depth": CALIBRATED_MIN_DEPTH})
