@@ -62,6 +62,23 @@ def _ops_available() -> bool:
         return False
 
 
+#: Per dtype, whether this machine's oneDNN packs and multiplies weights of it (probed once).
+_DTYPE_SUPPORTED: dict[torch.dtype, bool] = {}
+
+
+def dtype_supported(dtype: torch.dtype) -> bool:
+    """Whether the packed kernels run for ``dtype`` here: float16's reorder needs AVX512-FP16
+    or AVX-NE-CONVERT and raises on other x86 CPUs (an AMD EPYC with AVX-512 BF16 packs
+    bfloat16 but not float16)."""
+    if dtype not in _DTYPE_SUPPORTED:
+        try:
+            _packed_product(torch.ones(2, 4, dtype=dtype), _pack(torch.ones(4, 4, dtype=dtype)), None)
+            _DTYPE_SUPPORTED[dtype] = True
+        except (RuntimeError, TypeError, ValueError):
+            _DTYPE_SUPPORTED[dtype] = False
+    return _DTYPE_SUPPORTED[dtype]
+
+
 def _pack(weight: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), max(PROBE_ROWS))
@@ -176,10 +193,13 @@ def pack_linear_weights(model: torch.nn.Module, *, measure: bool = True) -> int:
             exist.
 
     Returns:
-        The number of layers packed (0: nothing to pack, no such kernel, or no gain here).
+        The number of layers packed (0: nothing to pack, no such kernel for the layers' dtype,
+        or no gain here).
     """
-    linears = _plain_linears(model)
-    if not linears or not _ops_available():
+    if not _ops_available():
+        return 0
+    linears = [linear for linear in _plain_linears(model) if dtype_supported(linear.weight.dtype)]
+    if not linears:
         return 0
     if measure and not packing_pays(_most_weight(linears)):
         return 0
