@@ -182,3 +182,16 @@ def test_a_dtype_without_packed_kernels_is_left_unpacked(monkeypatch: pytest.Mon
     model = half_model("llama", torch.float16)
     assert pack_linear_weights(model, measure=False) == 0
     assert packed_linear.packed_layers(model) == 0
+
+
+def test_a_packed_model_moved_to_a_dtype_without_kernels_multiplies_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model packed in bfloat16 and then moved to float16 where float16 cannot be packed
+    computes with ``F.linear``, not a repack that raises."""
+    monkeypatch.setattr(packed_linear, "_DTYPE_SUPPORTED", {torch.float16: False})
+    packed = half_model("llama", torch.bfloat16)
+    assert pack_linear_weights(packed, measure=False) > 0
+    packed = packed.to(torch.float16)
+    plain = half_model("llama", torch.bfloat16).to(torch.float16)
+    ids = torch.tensor([random_prompt(5, length=5)])
+    with torch.no_grad():
+        assert torch.equal(packed(ids).logits, plain(ids).logits)

@@ -67,14 +67,16 @@ _DTYPE_SUPPORTED: dict[torch.dtype, bool] = {}
 
 
 def dtype_supported(dtype: torch.dtype) -> bool:
-    """Whether the packed kernels run for ``dtype`` here: float16's reorder needs AVX512-FP16
-    or AVX-NE-CONVERT and raises on other x86 CPUs (an AMD EPYC with AVX-512 BF16 packs
-    bfloat16 but not float16)."""
+    """Whether weights of ``dtype`` are packed here: one of :data:`PACKED_DTYPES` whose packed
+    kernels run on this machine (float16's reorder needs AVX512-FP16 or AVX-NE-CONVERT and
+    raises on other x86 CPUs: an AMD EPYC with AVX-512 BF16 packs bfloat16, not float16)."""
+    if dtype not in PACKED_DTYPES:
+        return False
     if dtype not in _DTYPE_SUPPORTED:
         try:
             _packed_product(torch.ones(2, 4, dtype=dtype), _pack(torch.ones(4, 4, dtype=dtype)), None)
             _DTYPE_SUPPORTED[dtype] = True
-        except (RuntimeError, TypeError, ValueError):
+        except (AttributeError, RuntimeError, TypeError, ValueError):  # no such op, or not for this dtype
             _DTYPE_SUPPORTED[dtype] = False
     return _DTYPE_SUPPORTED[dtype]
 
@@ -120,7 +122,7 @@ class PackedLinear(torch.nn.Linear):
             input.numel() == input.shape[-1]  # one row: torch's matrix-vector path
             or input.dtype != weight.dtype
             or weight.device.type != "cpu"
-            or weight.dtype not in PACKED_DTYPES
+            or not dtype_supported(weight.dtype)  # e.g. a packed model moved to float16 here
             or (torch.is_grad_enabled() and (weight.requires_grad or input.requires_grad))
         ):
             return F.linear(input, weight, self.bias)
@@ -132,13 +134,13 @@ class PackedLinear(torch.nn.Linear):
 
 def _plain_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
     """The model's ``nn.Linear`` modules themselves (not subclasses, which may compute otherwise)
-    with half-precision weights on the CPU."""
+    with weights on the CPU in a dtype packed here (:func:`dtype_supported`)."""
     return [
         module
         for module in model.modules()
         if type(module) is torch.nn.Linear
         and module.weight.device.type == "cpu"
-        and module.weight.dtype in PACKED_DTYPES
+        and dtype_supported(module.weight.dtype)
     ]
 
 
@@ -198,7 +200,7 @@ def pack_linear_weights(model: torch.nn.Module, *, measure: bool = True) -> int:
     """
     if not _ops_available():
         return 0
-    linears = [linear for linear in _plain_linears(model) if dtype_supported(linear.weight.dtype)]
+    linears = _plain_linears(model)
     if not linears:
         return 0
     if measure and not packing_pays(_most_weight(linears)):
