@@ -83,10 +83,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--methods", default="ar,racer@auto,racer@8,pld@8")
+    parser.add_argument("--data", nargs="+", help="prompt sets (default: the shipped Spec-Bench)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = racer_rs.load_model(args.model, dtype=args.dtype)
-    prompts = chat_prompts(tokenizer, args.prompts)
+    prompts = chat_prompts(tokenizer, args.prompts, args.data)
     labels = [m.strip() for m in args.methods.split(",")]
     runs: dict[str, list[dict[str, float]]] = {label: [] for label in labels}
     measure(model, prompts[: args.batch], labels[0], args.batch, 8)  # warm-up (and auto's cost curves)
