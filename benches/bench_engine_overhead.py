@@ -3,10 +3,10 @@
     python benches/bench_engine_overhead.py --batch 16 --prompts 32 --max-new-tokens 48 --threads 2
 
 runs ``generate_batch(max_batch_size=B)`` on SmolLM2-135M-Instruct (``--model``; bfloat16;
-Spec-Bench first turns with the chat template, or ``--data``'s) for each method, methods interleaved over ``--rounds``, and prints,
-per method: steps, mean live rows, milliseconds per step, of which the forward and the rest
-(drafting, the cut, the mask, acceptance, commit, admission's prefills excluded), and the rest as a
-share of the step. The issue's goal: below 10% at B = 16.
+Spec-Bench first turns with the chat template, or ``--data``'s) for each method, methods
+interleaved over ``--rounds``, and prints, per method: steps, mean live rows, milliseconds per
+step, of which the forward and the rest (drafting, the cut, the mask, acceptance, commit,
+admission's prefills excluded), and the rest as a share of the step. The issue's goal: below 10% at B = 16.
 """
 
 from __future__ import annotations
