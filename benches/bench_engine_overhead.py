@@ -6,7 +6,8 @@ runs ``generate_batch(max_batch_size=B)`` on SmolLM2-135M-Instruct (``--model``;
 Spec-Bench first turns with the chat template, or ``--data``'s) for each method, methods
 interleaved over ``--rounds``, and prints, per method: steps, mean live rows, milliseconds per
 step, of which the forward and the rest (drafting, the cut, the mask, acceptance, commit,
-admission's prefills excluded), and the rest as a share of the step. The issue's goal: below 10% at B = 16.
+admission's prefills excluded), and the rest as a share of the step. The issue's goal: below
+10% at B = 16.
 """
 
 from __future__ import annotations
