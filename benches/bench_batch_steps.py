@@ -11,9 +11,11 @@ step milliseconds, and the tokens every row committed per step. A label is ``met
 ``method@capacity`` (``racer@1`` is racer's bookkeeping without drafting), optionally followed by
 ``:draft`` or ``:plain`` to hold ``capacity="auto"``'s drafting switch in one mode above one row
 (``racer:plain`` never drafts in a batch, ``racer:draft`` always does), by ``:padded`` to
-verify every step padded to its largest tree instead of flat, or by ``:flat`` to run every step
+verify every step padded to its largest tree instead of flat, by ``:flat`` to run every step
 whose trees differ in size flat (without the policy's choice of layout,
-:func:`racer_rs.autosize.batch_sizer.best_layout_sizes`). ``--temperature`` samples (top-p 0.95,
+:func:`racer_rs.autosize.batch_sizer.best_layout_sizes`), or by ``:model`` to price drafted
+steps by the cost model alone, as before :class:`racer_rs.autosize.batch_sizer.DraftPrice`
+(no learned factor, no caution, and drafted steps teaching the machine's load). ``--temperature`` samples (top-p 0.95,
 seed 0) instead of decoding greedily. The last lines give every
 label's tokens/s over the first label's, per round (a round: the labels' n-th runs) and their mean,
 and the same for the steady rate: tokens per second of the steps with all ``B`` rows live, without
@@ -35,6 +37,7 @@ import torch
 import racer_rs
 from bench_engine_overhead import chat_prompts  # benches/ is the script's folder
 from racer_rs.autosize import batch_sizer
+from racer_rs.autosize.cost_model import CostModel
 from racer_rs.engine import capacity, generation
 from racer_rs.target.batch_verifier import BatchVerifier
 
@@ -63,16 +66,25 @@ def run(
     method, _, size = spec.partition("@")
     switch = capacity.AutoCapacity.drafts
     layout = batch_sizer.best_layout_sizes
+    price = batch_sizer.DraftPrice.cautious, batch_sizer.DraftPrice.factor
+    observe = CostModel.observe
     if mode == "padded":  # every step padded to its largest tree, as before flat forwards
         generation.BatchVerifier = lambda model: BatchVerifier(model, flat_forwards=False)  # type: ignore[assignment,misc]
     elif mode == "flat":  # trees of different sizes always flat, as before the layout choice
         flat_only = batch_sizer.best_flat_sizes
         batch_sizer.best_layout_sizes = lambda p, s, share, overhead=None: (flat_only(p, s, share), True)
+    elif mode == "model":  # drafted steps priced by the cost model alone, as before DraftPrice
+        batch_sizer.DraftPrice.cautious = lambda self: 1.0  # type: ignore[method-assign]
+        batch_sizer.DraftPrice.factor = property(lambda self: 1.0)  # type: ignore[assignment,method-assign]
+        # ... and every step teaching the machine's load, drafted ones included.
+        CostModel.observe = lambda self, *args, teaches_load=True: observe(self, *args)  # type: ignore[method-assign]
     elif mode:
         drafts = {"draft": True, "plain": False}[mode]
         capacity.AutoCapacity.drafts = lambda self, rows: rows == 1 or drafts  # type: ignore[method-assign]
     STEPS.clear()
-    capacity._switches.clear()  # every run learns its own drafting switch, as a new process would
+    # Every run learns its own drafting switch and drafted-step price, as a new process would.
+    capacity._switches.clear()
+    capacity._draft_prices.clear()
     started = time.perf_counter()
     results = racer_rs.generate_batch(
         model,
@@ -87,6 +99,8 @@ def run(
     slowest = max(len(r.accepted_lengths) for r in results)
     capacity.AutoCapacity.drafts = switch  # type: ignore[method-assign]
     batch_sizer.best_layout_sizes = layout
+    batch_sizer.DraftPrice.cautious, batch_sizer.DraftPrice.factor = price  # type: ignore[method-assign,misc]
+    CostModel.observe = observe  # type: ignore[method-assign]
     generation.BatchVerifier = BatchVerifier  # type: ignore[misc]
     tokens = sum(len(r.tokens) for r in results)
     in_steps = sum(step[3] for step in STEPS)
@@ -94,6 +108,13 @@ def run(
         f"{label}: {tokens / wall:.1f} tok/s, wall {wall:.1f} s, in steps {in_steps:.1f} s "
         f"({len(STEPS)} steps, the slowest request's {slowest})"
     )
+    for prices in capacity._draft_prices.values():
+        for rows, draft_price in sorted(prices.items()):
+            if rows == batch:
+                print(
+                    f"  drafted steps at {rows} rows: x{draft_price.factor:.3f} the model's price above a "
+                    f"plain step (x{draft_price.cautious():.3f} cautious) after {draft_price.steps} steps"
+                )
     by_size: dict[int, list[tuple[float, float, int]]] = collections.defaultdict(list)
     for rows, padded, verify, step, committed in STEPS:
         if rows == batch:

@@ -69,7 +69,9 @@ def arctic() -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_drafting_switches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test starts with no measured drafting modes: the process-wide switches learn from
-    timings, and one test's timings must not decide another's steps."""
+    """Every test starts with no measured drafting modes and no learned drafted-step price: the
+    process-wide switches and prices learn from timings, and one test's timings must not decide
+    another's steps."""
     if "racer_rs.engine.capacity" in sys.modules:
         monkeypatch.setattr(sys.modules["racer_rs.engine.capacity"], "_switches", {})
+        monkeypatch.setattr(sys.modules["racer_rs.engine.capacity"], "_draft_prices", {})

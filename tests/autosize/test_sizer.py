@@ -289,6 +289,27 @@ def test_a_load_spike_moves_the_load_and_passes_leaving_the_shapes_alone():
     assert restored.forward_seconds(np.array([16]), 128)[0] < 1.25 * measured[16]
 
 
+@pytest.mark.parametrize("teaches_load", [False, True])
+def test_steps_that_do_not_teach_the_load_leave_it_to_the_plain_steps(teaches_load: bool):
+    """Blocks of 8 plain steps and 8 drafted ones (size 4) that cost 1.5x the curve: kept from
+    the load, the drafted steps' error is the size's own, and the load stays the plain steps'
+    right after a drafted block. The counterpart (the drafted steps teaching the load too, as
+    before) ends a drafted block with the load well above the plain steps' 1."""
+    cost = steep_cost(per_node=1.0)
+    measured = {n: float(cost.measured_seconds(np.array([n]), 128)[0]) for n in (1, 4)}
+    for _ in range(20):
+        for _ in range(8):
+            cost.observe(1, 128, forward=measured[1], overhead=0.0)
+        for _ in range(8):
+            cost.observe(4, 128, forward=1.5 * measured[4], overhead=0.0, teaches_load=teaches_load)
+    if teaches_load:
+        assert cost.load > 1.2
+    else:
+        assert cost.load == pytest.approx(1.0)
+        ratio = cost.forward_seconds(np.array([4]), 128)[0] / cost.forward_seconds(np.array([1]), 128)[0]
+        assert 1.0 * measured[4] / measured[1] < ratio < 1.5 * measured[4] / measured[1]
+
+
 @pytest.mark.parametrize("slow", [1.8, 5.0])
 def test_occasional_slow_steps_leave_the_prices_where_they_are(slow: float):
     """A batch of plain steps (size 1 alone) where one step in 20 is slow (another process, a

@@ -29,7 +29,9 @@ import racer_rs  # noqa: E402
 from racer_rs.autosize import batch_sizer as batch_sizing  # noqa: E402
 from racer_rs.autosize import state as tree_size  # noqa: E402
 from racer_rs.autosize.batch_sizer import (  # noqa: E402
+    DRAFT_PRICE_PRIOR_SPREAD,
     BatchCosts,
+    DraftPrice,
     TokenShare,
     best_batch_size,
     best_flat_sizes,
@@ -259,9 +261,11 @@ class ResampleAfterMismatchLoop(DecodeEngine):
 def _first_tokens(model: torch.nn.Module) -> tuple[list[Counter[tuple[int, ...]]], list[float]]:
     """Per row: counts of its first tokens over RUNS seeded batches, and how often its first
     step accepted a drafted token (every step drafts: the drafting switch, which learns over
-    the RUNS calls that a tiny model's drafts do not pay, is kept on)."""
+    the RUNS calls that a tiny model's drafts do not pay, is kept on, and every call prices
+    drafted steps afresh, as a new process does, not as the calls before it measured them)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(capacity.AutoCapacity, "drafts", lambda self, batch: True)
+        patch.setattr(capacity, "draft_prices", lambda key: {})
         return _first_tokens_drafting(model)
 
 
@@ -783,7 +787,7 @@ def test_auto_cut_fills_every_row_up_to_the_chosen_padded_size(forced_cost: Any)
     cut, choices = policy.cut(proposals, [0, 1, 2], context=40, flat=False)
     rankings = [policy.sizers[row].rank(tree) for row, tree in enumerate(trees)]
     steps = np.maximum.accumulate(_steep(per_node=0.02).step_seconds(np.arange(1, 17), 40))
-    m = best_batch_size([r.corrected for r in rankings], steps)
+    m = best_batch_size([r.corrected for r in rankings], DraftPrice.scaled(steps, DraftPrice().cautious()))
     assert [len(p.tree) for p in cut] == [min(m, len(tree)) for tree in trees]
     for ranking, choice in zip(rankings, choices, strict=True):
         assert choice.keep.tolist() == sorted(ranking.order[: len(choice.keep)].tolist())  # best first
@@ -796,31 +800,46 @@ def test_auto_cut_of_a_flat_step_keeps_each_row_s_own_best_prefix(forced_cost: A
     cut, choices = policy.cut([Proposal(tree) for tree in trees], [0, 1, 2], context=40, flat=True)
     rankings = [policy.sizers[row].rank(tree) for row, tree in enumerate(trees)]
     steps = np.maximum.accumulate(_steep(per_node=0.02).step_seconds(np.arange(1, 17), 40))
-    sizes = best_flat_sizes([r.corrected for r in rankings], steps, np.full(16, 0.8))
+    # A new process's price of drafting: the model's, one prior standard error higher.
+    correction = DraftPrice().cautious()
+    assert correction == pytest.approx(np.exp(DRAFT_PRICE_PRIOR_SPREAD))
+    priced = DraftPrice.scaled(steps, correction)
+    sizes = best_flat_sizes([r.corrected for r in rankings], priced, np.full(16, 0.8))
     assert policy.step_flat and [len(p.tree) for p in cut] == sizes.tolist()
     for ranking, choice in zip(rankings, choices, strict=True):
         assert choice.keep.tolist() == sorted(ranking.order[: len(choice.keep)].tolist())  # best first
 
 
+@pytest.mark.parametrize("factor", [1.0, 1.2])
 def test_a_flat_step_teaches_the_curve_its_error_not_the_nodes_left_out(
-    forced_cost: Any, monkeypatch: pytest.MonkeyPatch
+    forced_cost: Any, monkeypatch: pytest.MonkeyPatch, factor: float
 ) -> None:
-    """A flat step that takes exactly its predicted seconds is observed as the uniform step's
-    predicted seconds at its padded size (no error to learn), and one 10% slower as 10% over it;
-    fails if the flat step's own seconds were observed (the curve would learn the saving)."""
+    """A flat step that takes exactly its price (the model's, its part above a plain step times
+    the drafted steps' learned ``factor``) is observed as the uniform step's predicted seconds at
+    its padded size (no error left to learn), and one 10% slower as 10% over it; fails if the
+    flat step's own seconds were observed (the curve would learn the saving), or if the factor
+    were learned twice (by the price and again by the curve). A padded step's price is the
+    uniform curve's at its size, with the same factor."""
     forced_cost(lambda batch: _steep(per_node=0.05))
     observed: list[tuple[int, float]] = []
-    monkeypatch.setattr(CostModel, "observe", lambda self, n, context, forward, overhead: observed.append((n, forward)))
+    monkeypatch.setattr(
+        CostModel,
+        "observe",
+        lambda self, n, context, forward, overhead, teaches_load: observed.append((n, forward, teaches_load)),
+    )
+    monkeypatch.setattr(DraftPrice, "observe", lambda self, predicted, measured, plain: None)  # held at `factor`
     policy = _three_row_policy()
+    policy._draft_price(3).total = float(np.log(factor))
     for row in range(3):  # what the rows learn is not this test's
         monkeypatch.setattr(policy.sizers[row], "learn", lambda *args, **kwargs: None)
     trees = [synthetic_tree(8, 96, branching=1), synthetic_tree(1, 96), synthetic_tree(1, 96)]
     proposals = [Proposal(tree) for tree in trees]
     policy.cut(proposals, [0, 1, 2], context=40, flat=True)
-    steps, share, _ = policy.flat_prices[3]
+    steps, share, _ = policy.last_prices[3]
     extra = np.full(len(steps), 7.0)
-    predicted = float(flat_step_seconds(steps, share, extra, 3)[7])
+    predicted = float(DraftPrice.scaled(flat_step_seconds(steps, share, extra, 3), factor)[7])
     assert predicted < float(steps[7])  # two rows of roots cost less than three rows of 8
+    padded = float(DraftPrice.scaled(steps, factor)[7])
     for slower in (1.0, 1.1):
         report = StepReport(
             rows=[0, 1, 2],
@@ -839,11 +858,110 @@ def test_a_flat_step_teaches_the_curve_its_error_not_the_nodes_left_out(
         )
         observed.clear()
         policy.observe(report)
-        assert observed == [(8, pytest.approx(slower * float(steps[7])))]
-        # The same seconds from a padded step are the uniform curve's own at its size.
+        # Drafted steps teach the size's shape, not the machine's load (plain steps do).
+        assert observed == [(8, pytest.approx(slower * float(steps[7])), False)]
+        # A padded step that takes its price is the uniform curve's own at its size.
         observed.clear()
-        policy.observe(dataclasses.replace(report, flat=False))
-        assert observed == [(8, pytest.approx(slower * predicted))]
+        policy.observe(dataclasses.replace(report, flat=False, step=slower * padded))
+        assert observed == [(8, pytest.approx(slower * float(steps[7])), False)]
+    observed.clear()
+    policy.observe(dataclasses.replace(report, padded=1, drafted=False, step=float(steps[0])))
+    assert observed == [(1, pytest.approx(float(steps[0])), True)]
+
+
+def test_drafted_steps_teach_the_price_and_plain_steps_do_not(
+    forced_cost: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Flat and padded drafted steps each teach the batch size's price their cost above a plain
+    step against the model's; a plain step (the drafting switch's) teaches it nothing."""
+    forced_cost(lambda batch: _steep(per_node=0.05))
+    seen: list[tuple[float, float, float]] = []
+    monkeypatch.setattr(DraftPrice, "observe", lambda self, *args: seen.append(args))
+    policy = _three_row_policy()
+    for row in range(3):
+        monkeypatch.setattr(policy.sizers[row], "learn", lambda *args, **kwargs: None)
+        monkeypatch.setattr(policy.sizers[row], "count_plain", lambda *args, **kwargs: None)
+    trees = [synthetic_tree(8, 96, branching=1), synthetic_tree(1, 96), synthetic_tree(1, 96)]
+    proposals = [Proposal(tree) for tree in trees]
+    policy.cut(proposals, [0, 1, 2], context=40, flat=True)
+    steps, share, _ = policy.last_prices[3]
+    flat = float(flat_step_seconds(steps, share, np.full(len(steps), 7.0), 3)[7])
+    base = {
+        "rows": [0, 1, 2],
+        "full": proposals,
+        "verified": proposals,
+        "choices": [None] * 3,
+        "paths": [np.asarray([0])] * 3,
+        "bonuses": [1, 1, 1],
+        "randomized": [False] * 3,
+        "committed": [1, 1, 1],
+        "context": 40,
+        "padded": 8,
+        "forward": 0.0,
+        "step": 2.0,
+    }
+    policy.observe(StepReport(**base, flat=True))
+    policy.observe(StepReport(**base, flat=False))
+    policy.observe(StepReport(**base | {"padded": 1}, drafted=False))
+    assert seen == [
+        pytest.approx((flat, 2.0, float(steps[0]))),
+        pytest.approx((float(steps[7]), 2.0, float(steps[0]))),
+    ]
+
+
+@pytest.mark.parametrize("learns", [True, False])
+def test_flat_steps_dearer_than_their_model_stop_the_cut_from_drafting(
+    forced_cost: Any, monkeypatch: pytest.MonkeyPatch, learns: bool
+) -> None:
+    """Flat steps that cost three times their model's price above a plain step teach the flat
+    price, and the cut then verifies the roots alone, as the true price says it should (one
+    likely row and two with nothing drafted: a padded step would charge every row for the
+    deep one's nodes). The counterpart (``learns=False``: a price that never learns, as when the error only reached the
+    uniform curve) keeps drafting: the check can fail."""
+    forced_cost(lambda batch: _steep(per_node=0.2))
+    if not learns:
+        monkeypatch.setattr(DraftPrice, "observe", lambda self, predicted, measured, plain: None)
+    policy = _three_row_policy()
+    for row in range(3):
+        monkeypatch.setattr(policy.sizers[row], "learn", lambda *args, **kwargs: None)
+    trees = [synthetic_tree(16, 96, branching=1), synthetic_tree(1, 96), synthetic_tree(1, 96)]
+    proposals = [Proposal(tree) for tree in trees]
+    rankings = [policy.sizers[row].rank(tree) for row, tree in enumerate(trees)]
+    probabilities = [r.corrected[: len(t) - 1] for r, t in zip(rankings, trees, strict=True)]
+    for _ in range(60):
+        cut, _ = policy.cut(proposals, [0, 1, 2], context=40, flat=True)
+        if not policy.step_flat:
+            break
+        steps, share, _ = policy.last_prices[3]
+        extra = np.full(len(steps), sum(len(p.tree) - 1 for p in cut), dtype=np.float64)
+        m = max(len(p.tree) for p in cut)
+        model = float(flat_step_seconds(steps, share, extra, 3)[m - 1])
+        report = StepReport(
+            rows=[0, 1, 2],
+            full=proposals,
+            verified=cut,
+            choices=[None, None, None],
+            paths=[np.asarray([0])] * 3,
+            bonuses=[1, 1, 1],
+            randomized=[False] * 3,
+            committed=[1, 1, 1],
+            context=40,
+            padded=m,
+            forward=0.0,
+            step=float(steps[0]) + 3.0 * (model - float(steps[0])),
+            flat=True,
+        )
+        policy.observe(report)
+    steps = np.maximum.accumulate(_steep(per_node=0.2).step_seconds(np.arange(1, 17), 40))
+    at_true_price = best_flat_sizes(probabilities, DraftPrice.scaled(steps, 3.0), np.full(16, 0.8))
+    cut, _ = policy.cut(proposals, [0, 1, 2], context=40, flat=True)
+    kept = [len(p.tree) for p in cut]
+    if learns:
+        assert kept == at_true_price.tolist() == [1, 1, 1]
+        # Learned part of the way: the cut stops drafting once the evidence is enough.
+        assert 1.5 < policy._draft_price(3).factor <= 3.0
+    else:
+        assert kept == [2, 1, 1]
 
 
 def test_batch_costs_are_measured_per_batch_size_and_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:

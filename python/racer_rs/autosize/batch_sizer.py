@@ -31,6 +31,12 @@ then runs flat or padded, whichever has the more expected tokens per second
 (:func:`best_layout_sizes`): on this CPU with SmolLM2-135M, 4 and 8 rows verifying one more node
 each cost less padded than one row verifying it flat.
 
+What the model leaves out, a real drafted step pays (rows of different lengths, the drafters'
+top-k of every verified node, the acceptance, the cache moves): each batch size learns it online
+as a factor on the price above a plain step (:class:`DraftPrice`, from the drafted steps that
+ran), and the cut prices with it one standard error high, so that a node is verified only where
+its gain clears what the price is known to miss.
+
 Cost curves (:class:`BatchCosts`) are **keyed by batch size**, not modelled over total tokens: a
 row reads its own KV prefix (memory traffic ``~ B x P``) and attends over it (``~ B x m x P``), so
 8 rows of 4 nodes do not cost what 1 row of 32 nodes does, most of all on accelerators, where a
@@ -384,6 +390,92 @@ def measure_token_share(model: Any, batch: int, contexts: Sequence[int], rounds:
         shares[context] = values
         overheads[context] = extra
     return TokenShare(list(SHARE_SIZES), shares, overheads)
+
+
+#: Weight of the newest drafted step in :class:`DraftPrice`'s factor, against the steps before
+#: it (the newest 20 or so count).
+DRAFT_PRICE_RATE = 0.05
+#: Spread of one drafted step's log error assumed before any has run (weighing as one step):
+#: a process's first drafted steps at a batch size are priced about 20% above the model.
+DRAFT_PRICE_PRIOR_SPREAD = 0.2
+#: One step's log error counts at most this much (a step slowed 4x by another process is not
+#: what its nodes cost).
+DRAFT_PRICE_CLIP = float(np.log(4.0))
+
+
+class DraftPrice:
+    """What a drafted batched step really costs above a plain one, against the cost model's
+    price, learned from the drafted steps that ran at one batch size.
+
+    The model prices a batched step from curves measured once with synthetic trees, all rows at
+    one context, forwards alone (the uniform curve, and for a flat step the token share). A real
+    drafted step pays more that they do not see: rows of different lengths, the drafters' top-k
+    of every verified node, the acceptance, the rows' cache moves. At 8 rows of SmolLM2-135M on
+    this CPU drafted steps cost 1.25-1.42x a plain step where the model said 1.23-1.32x, while
+    the cut's expected tokens matched the committed ones, so drafting lost to plain decoding.
+    The curves' own corrections did not catch it: a size's shape is learned slowly (it is the
+    model's, a property of the device), and a flat step's error reached the uniform curve at its
+    padded size, which prices a flat step only in part (the token share, about 0.85 there, prices
+    it mostly from smaller sizes).
+
+    The factor multiplies the model's price above a plain step, for flat and padded steps alike.
+    Its log is the weighted mean of the drafted steps' log errors, each earlier step weighing
+    :data:`DRAFT_PRICE_RATE` less, beside a prior of factor 1 that weighs as one step: the first
+    steps teach fast, and a change of load or prompts is followed. The cut prices with
+    :meth:`cautious`, the factor one standard error higher (the errors' weighted spread over
+    their effective count): a node whose gain is within what the price is known to miss is not
+    verified. The prior's spread is :data:`DRAFT_PRICE_PRIOR_SPREAD`.
+    """
+
+    def __init__(self) -> None:
+        # Decayed sums over the steps and the prior: weights, their squares, weighted log
+        # errors and their squares.
+        self.weight = 1.0
+        self.weight_squared = 1.0
+        self.total = 0.0
+        self.squares = DRAFT_PRICE_PRIOR_SPREAD**2
+        self.steps = 0
+
+    @property
+    def log_factor(self) -> float:
+        return self.total / self.weight
+
+    @property
+    def factor(self) -> float:
+        """The learned factor on the model's price above a plain step."""
+        return float(np.exp(self.log_factor))
+
+    def standard_error(self) -> float:
+        """The standard error of :attr:`log_factor` (a weighted mean of the steps' errors)."""
+        variance = max(self.squares / self.weight - self.log_factor**2, 0.0)
+        return float(np.sqrt(variance * self.weight_squared) / self.weight)
+
+    def cautious(self) -> float:
+        """The factor one standard error higher: the price the cut decides with."""
+        return float(np.exp(self.log_factor + self.standard_error()))
+
+    @staticmethod
+    def scaled(step_seconds: np.ndarray, factor: float) -> np.ndarray:
+        """``step_seconds`` (a plain step's first) with every price above a plain step times ``factor``."""
+        steps = np.asarray(step_seconds, dtype=np.float64)
+        scaled: np.ndarray = steps[0] + factor * (steps - steps[0])
+        return scaled
+
+    def observe(self, predicted: float, measured: float, plain: float) -> None:
+        """Learn from one drafted step: its ``predicted`` seconds (the model's, factor 1), its
+        ``measured`` seconds and a plain step's predicted seconds."""
+        excess = predicted - plain
+        if not (np.isfinite(measured) and measured > 0 and excess > 0):
+            return
+        # A step that ran no slower than a plain one says the price is low, not that it is 0.
+        ratio = max(measured - plain, 0.25 * excess) / excess
+        error = float(np.clip(np.log(ratio), -DRAFT_PRICE_CLIP, DRAFT_PRICE_CLIP))
+        keep = 1.0 - DRAFT_PRICE_RATE
+        self.weight = keep * self.weight + 1.0
+        self.weight_squared = keep * keep * self.weight_squared + 1.0
+        self.total = keep * self.total + error
+        self.squares = keep * self.squares + error * error
+        self.steps += 1
 
 
 def interpolated(low: CostModel, high: CostModel, weight: float) -> CostModel:

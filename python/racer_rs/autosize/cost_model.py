@@ -268,8 +268,10 @@ class CostModel:
         """Predicted seconds of a whole decode step verifying ``n`` tree tokens."""
         return self.forward_seconds(n, context) + self.overhead
 
-    def observe(self, n: int, context: int, forward: float, overhead: float) -> None:
-        """Correct the model with one step's measured forward and outside-forward seconds."""
+    def observe(self, n: int, context: int, forward: float, overhead: float, teaches_load: bool = True) -> None:
+        """Correct the model with one step's measured forward and outside-forward seconds
+        (``teaches_load=False``: the error teaches the size's shape only, not the machine's
+        load; for a step whose price has another correction that learns it faster)."""
         if not (np.isfinite(forward) and forward > 0):
             return  # a clock that went backwards or a zero timing teaches nothing
         bucket = size_bucket(n)
@@ -279,7 +281,8 @@ class CostModel:
         log_load = float(np.log(self.load))
         log_level = float(np.log(self.level))
         error = log_ratio - log_load - log_level - log_shape[bucket]
-        log_load += LOAD_RATE * error
+        if teaches_load:
+            log_load += LOAD_RATE * error
         # The shape takes a small share of each step's error: a burst of load is a run of large
         # errors that the load follows and that the errors after it take back, a wrong curve a
         # long run of small ones. Not a clipped share: a slow step's error clipped, and the

@@ -14,7 +14,10 @@ that the batched forward's price of its nodes and padded size favours
 (:func:`racer_rs.autosize.batch_sizer.best_flat_sizes`).
 One calibration learns from every row; each batch size keeps its own cost model, corrected
 online (the machine's load followed fast, each size bucket's shape learned slowly), so a first
-measurement that is wrong at one shape does not stick.
+measurement that is wrong at one shape does not stick, and its own price of drafting: what its
+drafted steps cost above a plain step against what the model said
+(:class:`racer_rs.autosize.batch_sizer.DraftPrice`), learned fast and used cautiously, so that a
+node is verified only where its gain clears what the price is known to miss.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 from racer_rs.drafters.base import Proposal
 
 if TYPE_CHECKING:
+    from racer_rs.autosize.batch_sizer import DraftPrice
     from racer_rs.autosize.sizer import SizeChoice, TreeSizer
 
 
@@ -174,6 +178,17 @@ def drafting_switch(key: str) -> DraftingSwitch:
     return _switches.setdefault(key, DraftingSwitch())
 
 
+#: This process's drafted-step prices, by calibration key, then batch size.
+_draft_prices: dict[str, dict[int, DraftPrice]] = {}
+
+
+def draft_prices(key: str) -> dict[int, DraftPrice]:
+    """The process's drafted-step prices for calibration key ``key``, per batch size (learned
+    here, never stored, as the switch's rates: they include the drafter's own work on this
+    machine now)."""
+    return _draft_prices.setdefault(key, {})
+
+
 class FixedCapacity:
     """Every row verifies its drafter's tree, of at most ``limit`` nodes (root included)."""
 
@@ -239,9 +254,11 @@ class AutoCapacity:
         self.batch_sizes: dict[int, Counter[int]] = {}
         self.padded_sizes: dict[int, Counter[int]] = {}
         self.switch = drafting_switch(self.key)
-        # Per batch size, the last cut's step prices, token shares and flat overheads (for
-        # :meth:`_as_uniform`).
-        self.flat_prices: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # Per batch size, the last cut's model prices of a step (every row at 1, 2, ... nodes),
+        # token shares and flat overheads (for :meth:`_as_uniform`).
+        self.last_prices: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # Per batch size, what drafted steps cost beyond their model (this process's, like the switch).
+        self.draft_prices = draft_prices(self.key)
         # Whether the last cut's step runs flat (else padded to its largest tree).
         self.step_flat = False
         # The cost curves' measurement on first use (a part of the call's total time).
@@ -289,17 +306,19 @@ class AutoCapacity:
         cost = self.costs.for_batch(len(rows))
         # Per-size corrections are learned from noisy steps; a bigger tree never costs less.
         steps = np.maximum.accumulate(cost.step_seconds(np.arange(1, max(limits) + 1), context))
+        # Drafted steps priced above a plain one as they have been measured to cost, cautiously.
+        priced = self._draft_price(len(rows)).scaled(steps, self._draft_price(len(rows)).cautious())
         probabilities = [r.corrected[: n - 1] for r, n in zip(rankings, limits, strict=True)]
         if flat:
             token_share = self.costs.token_share(len(rows))
             share = token_share.at(len(steps), context)
             overhead = token_share.overhead_at(len(steps), context)
-            sizes, self.step_flat = best_layout_sizes(probabilities, steps, share, overhead)
+            sizes, self.step_flat = best_layout_sizes(probabilities, priced, share, overhead)
         else:
             share, overhead = np.zeros(len(steps)), np.zeros(len(steps))
-            sizes = best_flat_sizes(probabilities, steps, share)
+            sizes = best_flat_sizes(probabilities, priced, share)
         choices = [r.prefix(int(size)) for r, size in zip(rankings, sizes, strict=True)]
-        self.flat_prices[len(rows)] = (steps, share, overhead)
+        self.last_prices[len(rows)] = (steps, share, overhead)
         return [restrict(p, c.keep) for p, c in zip(proposals, choices, strict=True)], choices
 
     def observe(self, report: StepReport) -> None:
@@ -341,21 +360,44 @@ class AutoCapacity:
             # the load fitted to padded size 2 and drifted 50% above a plain step, and the padded
             # size 2 (priced at least as size 1) looked free (SmolLM2, 8 rows sampled: verified
             # at 1.13x a plain step's time for 1.10x its tokens).
-            self.costs.for_batch(batch).observe(report.padded, report.context, self._as_uniform(report), 0.0)
+            # A drafted step does not teach the machine's load: in a block of drafted steps the
+            # load (followed fast) took up their price's error within a few steps and gave it back
+            # in the plain block after, so the price of drafting was never corrected (SmolLM2,
+            # 8 rows: drafted steps measured 1.34-1.48x a plain step against 1.22-1.26x priced,
+            # and the price's factor learned 0.8-1.4 on their excess where 1.5-1.9 was right).
+            # Plain steps, and drafted ones cut to their roots, measure the load alone.
+            self.costs.for_batch(batch).observe(
+                report.padded, report.context, self._as_uniform(report), 0.0, teaches_load=report.padded < 2
+            )
+
+    def _draft_price(self, batch: int) -> DraftPrice:
+        from racer_rs.autosize.batch_sizer import DraftPrice
+
+        return self.draft_prices.setdefault(batch, DraftPrice())
 
     def _as_uniform(self, report: StepReport) -> float:
-        """A flat step's seconds scaled to the step with every row at its padded size, which the
-        batch size's cost curve prices: the curve learns its error, not the nodes left out."""
+        """A drafted step's seconds scaled to the step with every row at its padded size, which
+        the batch size's cost curve prices. The step's error against the model first teaches the
+        drafted steps' price (:class:`racer_rs.autosize.batch_sizer.DraftPrice`), and the curve
+        learns what the price's factor leaves of it (the load's share); a flat step's is scaled
+        to the uniform step at its padded size, so that the curve learns its error, not the nodes
+        left out."""
         from racer_rs.autosize.batch_sizer import flat_step_seconds
 
-        prices = self.flat_prices.get(len(report.rows))
+        prices = self.last_prices.get(len(report.rows))
         m = report.padded
-        if not report.flat or prices is None or m < 2 or m > len(prices[0]):
+        if not report.drafted or prices is None or m < 2 or m > len(prices[0]):
             return report.step
         steps, share, overhead = prices
-        extra = np.full(len(steps), sum(len(p.tree) - 1 for p in report.verified), dtype=np.float64)
-        flat = float(flat_step_seconds(steps, share, extra, len(report.rows), overhead)[m - 1])
-        return report.step * float(steps[m - 1]) / flat if flat > 0 else report.step
+        if report.flat:
+            extra = np.full(len(steps), sum(len(p.tree) - 1 for p in report.verified), dtype=np.float64)
+            predicted = float(flat_step_seconds(steps, share, extra, len(report.rows), overhead)[m - 1])
+        else:
+            predicted = float(steps[m - 1])
+        price = self._draft_price(len(report.rows))
+        corrected = float(price.scaled(np.asarray([steps[0], predicted]), price.factor)[1])
+        price.observe(predicted, report.step, float(steps[0]))
+        return report.step * float(steps[m - 1]) / corrected if corrected > 0 else report.step
 
     def finish(self, row: int, context: int) -> dict[str, Any]:
         """Row ``row``'s statistics (``extras["auto_capacity"]``): its chosen sizes and predictions,
