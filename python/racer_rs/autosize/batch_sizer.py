@@ -31,11 +31,11 @@ then runs flat or padded, whichever has the more expected tokens per second
 (:func:`best_layout_sizes`): on this CPU with SmolLM2-135M, 4 and 8 rows verifying one more node
 each cost less padded than one row verifying it flat.
 
-What the model leaves out, a real drafted step pays (rows of different lengths, the drafters'
-top-k of every verified node, the acceptance, the cache moves): each batch size learns it online
-as a factor on the price above a plain step (:class:`DraftPrice`, from the drafted steps that
-ran), and the cut prices with it one standard error high, so that a node is verified only where
-its gain clears what the price is known to miss.
+What the model leaves out, a real drafted step pays (the drafters' top-k of every verified
+node, the acceptance, the cache moves, a forward dearer in the engine than alone): each batch
+size learns it online as a factor on the price above a plain step (:class:`DraftPrice`, from the
+drafted steps that ran), and the cut prices with it one standard error high, so that a node is
+verified only where its gain clears what the price is known to miss.
 
 Cost curves (:class:`BatchCosts`) are **keyed by batch size**, not modelled over total tokens: a
 row reads its own KV prefix (memory traffic ``~ B x P``) and attends over it (``~ B x m x P``), so
@@ -409,14 +409,16 @@ class DraftPrice:
 
     The model prices a batched step from curves measured once with synthetic trees, all rows at
     one context, forwards alone (the uniform curve, and for a flat step the token share). A real
-    drafted step pays more that they do not see: rows of different lengths, the drafters' top-k
-    of every verified node, the acceptance, the rows' cache moves. At 8 rows of SmolLM2-135M on
-    this CPU drafted steps cost 1.25-1.42x a plain step where the model said 1.23-1.32x, while
+    drafted step pays for more than they see: the drafters' top-k of every verified node, the
+    acceptance, the rows' cache moves, and a forward 7-15% dearer inside the engine than the same
+    token counts timed alone (ragged rows timed alone cost what the curve says; the cause is not
+    found). At 8 rows of SmolLM2-135M on
+    this CPU drafted steps took 1.35-1.48x a plain step where the model said 1.22-1.26x, while
     the cut's expected tokens matched the committed ones, so drafting lost to plain decoding.
     The curves' own corrections did not catch it: a size's shape is learned slowly (it is the
-    model's, a property of the device), and a flat step's error reached the uniform curve at its
-    padded size, which prices a flat step only in part (the token share, about 0.85 there, prices
-    it mostly from smaller sizes).
+    model's, a property of the device), the machine's load (followed fast) took up a block of
+    drafted steps' error and gave it back in the plain block after, and a flat step's error
+    reached the uniform curve at its padded size, which prices a flat step only in part.
 
     The factor multiplies the model's price above a plain step, for flat and padded steps alike.
     Its log is the weighted mean of the drafted steps' log errors, each earlier step weighing

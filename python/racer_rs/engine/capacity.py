@@ -363,9 +363,10 @@ class AutoCapacity:
             # A drafted step does not teach the machine's load: in a block of drafted steps the
             # load (followed fast) took up their price's error within a few steps and gave it back
             # in the plain block after, so the price of drafting was never corrected (SmolLM2,
-            # 8 rows: drafted steps measured 1.34-1.48x a plain step against 1.22-1.26x priced,
-            # and the price's factor learned 0.8-1.4 on their excess where 1.5-1.9 was right).
-            # Plain steps, and drafted ones cut to their roots, measure the load alone.
+            # 8 rows greedy: drafted steps took 1.35-1.48x a plain step where the curve said
+            # 1.22-1.26x; with the load learning from them the price's factor ended three runs at
+            # 0.80-1.37, without it at 1.13-1.27). Plain steps, and drafted ones cut to their
+            # roots, measure the load alone.
             self.costs.for_batch(batch).observe(
                 report.padded, report.context, self._as_uniform(report), 0.0, teaches_load=report.padded < 2
             )
