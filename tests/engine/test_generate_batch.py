@@ -913,11 +913,11 @@ def test_drafted_steps_teach_the_price_and_plain_steps_do_not(
 def test_flat_steps_dearer_than_their_model_stop_the_cut_from_drafting(
     forced_cost: Any, monkeypatch: pytest.MonkeyPatch, learns: bool
 ) -> None:
-    """Flat steps that cost three times their model's price above a plain step teach the flat
-    price, and the cut then verifies the roots alone, as the true price says it should (one
-    likely row and two with nothing drafted: a padded step would charge every row for the
-    deep one's nodes). The counterpart (``learns=False``: a price that never learns, as when the error only reached the
-    uniform curve) keeps drafting: the check can fail."""
+    """Flat steps that cost three times their model's price above a plain step teach the price
+    of drafting, and the cut then verifies the roots alone, as the true price says it should
+    (one likely row and two with nothing drafted: a padded step would charge every row for the
+    deep one's nodes). The counterpart (``learns=False``: a price that never learns, as when the
+    error only reached the uniform curve) keeps drafting: the check can fail."""
     forced_cost(lambda batch: _steep(per_node=0.2))
     if not learns:
         monkeypatch.setattr(DraftPrice, "observe", lambda self, predicted, measured, plain: None)
