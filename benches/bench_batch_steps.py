@@ -15,10 +15,11 @@ verify every step padded to its largest tree instead of flat, by ``:flat`` to ru
 whose trees differ in size flat (without the policy's choice of layout,
 :func:`racer_rs.autosize.batch_sizer.best_layout_sizes`), or by ``:model`` to price drafted
 steps by the cost model alone, as before :class:`racer_rs.autosize.batch_sizer.DraftPrice`
-(no learned factor, no caution, and drafted steps teaching the machine's load). ``--temperature`` samples (top-p 0.95,
-seed 0) instead of decoding greedily. The last lines give every
-label's tokens/s over the first label's, per round (a round: the labels' n-th runs) and their mean,
-and the same for the steady rate: tokens per second of the steps with all ``B`` rows live, without
+(no learned factor, no caution, and drafted steps teaching the machine's load).
+``--temperature`` samples (top-p 0.95, seed 0) instead of decoding greedily. Each run also
+prints the drafted-step price it learned at ``B`` rows. The last lines give every label's
+tokens/s over the first label's, per round (a round: the labels' n-th runs) and their mean, and
+the same for the steady rate: tokens per second of the steps with all ``B`` rows live, without
 the admissions and the tail where rows finish and no request waits (requests that finish out of
 step leave a tail that one-length plain decoding does not have).
 """
