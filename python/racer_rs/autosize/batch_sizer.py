@@ -412,9 +412,9 @@ class DraftPrice:
     drafted step pays for more than they see: the drafters' top-k of every verified node, the
     acceptance, the rows' cache moves, and a forward 7-15% dearer inside the engine than the same
     token counts timed alone (ragged rows timed alone cost what the curve says; the cause is not
-    found). At 8 rows of SmolLM2-135M on
-    this CPU drafted steps took 1.35-1.48x a plain step where the model said 1.22-1.26x, while
-    the cut's expected tokens matched the committed ones, so drafting lost to plain decoding.
+    found). At 8 rows of SmolLM2-135M on this CPU drafted steps took 1.35-1.48x a plain step
+    where the model said 1.22-1.26x, while the cut's expected tokens matched the committed ones,
+    so drafting lost to plain decoding.
     The curves' own corrections did not catch it: a size's shape is learned slowly (it is the
     model's, a property of the device), the machine's load (followed fast) took up a block of
     drafted steps' error and gave it back in the plain block after, and a flat step's error

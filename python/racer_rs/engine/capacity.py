@@ -307,7 +307,8 @@ class AutoCapacity:
         # Per-size corrections are learned from noisy steps; a bigger tree never costs less.
         steps = np.maximum.accumulate(cost.step_seconds(np.arange(1, max(limits) + 1), context))
         # Drafted steps priced above a plain one as they have been measured to cost, cautiously.
-        priced = self._draft_price(len(rows)).scaled(steps, self._draft_price(len(rows)).cautious())
+        price = self._draft_price(len(rows))
+        priced = price.scaled(steps, price.cautious())
         probabilities = [r.corrected[: n - 1] for r, n in zip(rankings, limits, strict=True)]
         if flat:
             token_share = self.costs.token_share(len(rows))
@@ -395,9 +396,10 @@ class AutoCapacity:
             predicted = float(flat_step_seconds(steps, share, extra, len(report.rows), overhead)[m - 1])
         else:
             predicted = float(steps[m - 1])
+        plain = float(steps[0])
         price = self._draft_price(len(report.rows))
-        corrected = float(price.scaled(np.asarray([steps[0], predicted]), price.factor)[1])
-        price.observe(predicted, report.step, float(steps[0]))
+        corrected = plain + price.factor * (predicted - plain)
+        price.observe(predicted, report.step, plain)
         return report.step * float(steps[m - 1]) / corrected if corrected > 0 else report.step
 
     def finish(self, row: int, context: int) -> dict[str, Any]:
