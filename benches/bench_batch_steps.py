@@ -13,9 +13,11 @@ step milliseconds, and the tokens every row committed per step. A label is ``met
 (``racer:plain`` never drafts in a batch, ``racer:draft`` always does), by ``:padded`` to
 verify every step padded to its largest tree instead of flat, by ``:flat`` to run every step
 whose trees differ in size flat (without the policy's choice of layout,
-:func:`racer_rs.autosize.batch_sizer.best_layout_sizes`), or by ``:model`` to price drafted
+:func:`racer_rs.autosize.batch_sizer.best_layout_sizes`), by ``:model`` to price drafted
 steps by the cost model alone, as before :class:`racer_rs.autosize.batch_sizer.DraftPrice`
-(no learned factor, no caution, and drafted steps teaching the machine's load).
+(no learned factor, no caution, and drafted steps teaching the machine's load), or by ``:held``
+to keep a learned price through the steps that verify no drafted node, as before
+:meth:`racer_rs.autosize.batch_sizer.DraftPrice.forget`.
 ``--temperature`` samples (top-p 0.95, seed 0) instead of decoding greedily. Each run also
 prints the drafted-step price it learned at ``B`` rows. The last lines give every label's
 tokens/s over the first label's, per round (a round: the labels' n-th runs) and their mean, and
@@ -67,7 +69,7 @@ def run(
     method, _, size = spec.partition("@")
     switch = capacity.AutoCapacity.drafts
     layout = batch_sizer.best_layout_sizes
-    price = batch_sizer.DraftPrice.cautious, batch_sizer.DraftPrice.factor
+    price = batch_sizer.DraftPrice.cautious, batch_sizer.DraftPrice.factor, batch_sizer.DraftPrice.forget
     observe = CostModel.observe
     if mode == "padded":  # every step padded to its largest tree, as before flat forwards
         generation.BatchVerifier = lambda model: BatchVerifier(model, flat_forwards=False)  # type: ignore[assignment,misc]
@@ -79,6 +81,8 @@ def run(
         batch_sizer.DraftPrice.factor = property(lambda self: 1.0)  # type: ignore[assignment,method-assign]
         # ... and every step teaching the machine's load, drafted ones included.
         CostModel.observe = lambda self, *args, teaches_load=True: observe(self, *args)  # type: ignore[method-assign]
+    elif mode == "held":  # a learned price never fades in idle steps, as before DraftPrice.forget
+        batch_sizer.DraftPrice.forget = lambda self: None  # type: ignore[method-assign]
     elif mode:
         drafts = {"draft": True, "plain": False}[mode]
         capacity.AutoCapacity.drafts = lambda self, rows: rows == 1 or drafts  # type: ignore[method-assign]
@@ -100,7 +104,7 @@ def run(
     slowest = max(len(r.accepted_lengths) for r in results)
     capacity.AutoCapacity.drafts = switch  # type: ignore[method-assign]
     batch_sizer.best_layout_sizes = layout
-    batch_sizer.DraftPrice.cautious, batch_sizer.DraftPrice.factor = price  # type: ignore[method-assign,misc]
+    batch_sizer.DraftPrice.cautious, batch_sizer.DraftPrice.factor, batch_sizer.DraftPrice.forget = price  # type: ignore[method-assign,misc]
     CostModel.observe = observe  # type: ignore[method-assign]
     generation.BatchVerifier = BatchVerifier  # type: ignore[misc]
     tokens = sum(len(r.tokens) for r in results)

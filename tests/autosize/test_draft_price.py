@@ -99,3 +99,30 @@ def test_the_factor_scales_the_price_above_a_plain_step_only() -> None:
     scaled = DraftPrice.scaled(steps, 1.5)
     assert scaled[0] == 1.0
     np.testing.assert_allclose(scaled - 1.0, 1.5 * (steps - 1.0))
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps, st.integers(1, 40))
+def test_idle_steps_move_the_price_toward_its_prior(observations: list[tuple[float, float]], idle: int) -> None:
+    """Whatever the drafted steps taught, every idle step (:meth:`DraftPrice.forget`) moves the
+    factor toward 1, never past it, and enough of them give back the prior itself."""
+    price = DraftPrice()
+    for excess, ratio in observations:
+        price.observe(1.0 + excess, 1.0 + ratio * excess, 1.0)
+    before = price.log_factor
+    for _ in range(idle):
+        price.forget()
+    assert abs(price.log_factor) <= abs(before) + 1e-12
+    assert price.log_factor * before >= 0.0
+    for _ in range(2000):
+        price.forget()
+    prior = DraftPrice()
+    assert price.factor == pytest.approx(prior.factor, abs=1e-9)
+    assert price.cautious() == pytest.approx(prior.cautious(), rel=1e-6)
+
+
+def test_a_new_price_is_where_idle_steps_leave_it() -> None:
+    price = DraftPrice()
+    price.forget()
+    assert price.factor == 1.0
+    assert price.cautious() == pytest.approx(DraftPrice().cautious())

@@ -964,6 +964,75 @@ def test_flat_steps_dearer_than_their_model_stop_the_cut_from_drafting(
         assert kept == [2, 1, 1]
 
 
+@pytest.mark.parametrize("fades", [True, False])
+def test_a_price_learned_high_fades_in_the_steps_that_verify_no_node(
+    forced_cost: Any, monkeypatch: pytest.MonkeyPatch, fades: bool
+) -> None:
+    """Ten drafted steps at three times their model's price stop the cut from drafting (one
+    likely row, two with nothing drafted). The steps after, cut to their roots, teach the price
+    nothing, but it fades toward its prior (:meth:`DraftPrice.forget`), and the cut verifies the
+    likely row's nodes again within 100 steps. The counterpart (``fades=False``, as before
+    ``forget``) never drafts again: the price that stopped it can no longer be measured."""
+    forced_cost(lambda batch: _steep(per_node=0.2))
+    if not fades:
+        monkeypatch.setattr(DraftPrice, "forget", lambda self: None)
+    policy = _three_row_policy()
+    for row in range(3):
+        monkeypatch.setattr(policy.sizers[row], "learn", lambda *args, **kwargs: None)
+    price = policy._draft_price(3)
+    for _ in range(10):
+        price.observe(2.0, 1.0 + 3.0 * 1.0, 1.0)
+    trees = [synthetic_tree(16, 96, branching=1), synthetic_tree(1, 96), synthetic_tree(1, 96)]
+    proposals = [Proposal(tree) for tree in trees]
+    cut, _ = policy.cut(proposals, [0, 1, 2], context=40, flat=True)
+    assert [len(p.tree) for p in cut] == [1, 1, 1]
+    roots = StepReport(
+        rows=[0, 1, 2],
+        full=proposals,
+        verified=cut,
+        choices=[None, None, None],
+        paths=[np.asarray([0])] * 3,
+        bonuses=[1, 1, 1],
+        randomized=[False] * 3,
+        committed=[1, 1, 1],
+        context=40,
+        padded=1,
+        forward=0.0,
+        step=1.0,
+    )
+    idle = 0
+    while idle < 100 and [len(p.tree) for p in cut] == [1, 1, 1]:
+        policy.observe(roots)
+        idle += 1
+        cut, _ = policy.cut(proposals, [0, 1, 2], context=40, flat=True)
+    kept = [len(p.tree) for p in cut]
+    if fades:
+        assert kept[0] > 1 and kept[1:] == [1, 1]
+        assert price.steps == 10 and price.cautious() < 2.0
+    else:
+        assert kept == [1, 1, 1] and idle == 100
+
+
+def test_stored_batch_curves_keep_no_per_size_shape(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """A batch size's curve stored with the shapes its drafted steps taught (here size 2 at 1.3x
+    the curve, size 1 at 0.9x) is read without them, the plain size's folded into the level, and
+    written without them; fails if the stored shape came back (it priced 16 rows' one more node
+    each at 1.65x a plain step, measured at 1.30x)."""
+    monkeypatch.setenv("RACER_RS_CACHE", str(tmp_path))
+    monkeypatch.setattr(batch_sizing, "_batch_costs", {})
+    learned = _steep(per_node=0.1)
+    learned.shape = {0: 0.9, 1: 1.3}
+    learned.level = 1.1
+    tree_size.write_json(batch_sizing._path("key", 4), {"cost": learned.state(), "batch_size": 4})
+    loaded = batch_sizing._load("key", 4, 16)
+    assert loaded is not None and loaded.shape == {}
+    assert loaded.level == pytest.approx(1.1 * 0.9)
+    sizes = np.asarray([1, 2, 4])
+    np.testing.assert_allclose(loaded.step_seconds(sizes, 128), 0.99 * _steep(per_node=0.1).step_seconds(sizes, 128))
+    stored = batch_sizing._without_shapes(learned.state())
+    assert stored["shape"] == {} and stored["level"] == pytest.approx(0.99)
+
+
 def test_batch_costs_are_measured_per_batch_size_and_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     monkeypatch.setenv("RACER_RS_CACHE", str(tmp_path))
     monkeypatch.setattr(tree_size, "_costs", {})

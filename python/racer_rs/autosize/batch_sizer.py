@@ -34,8 +34,10 @@ each cost less padded than one row verifying it flat.
 What the model leaves out, a real drafted step pays (the drafters' top-k of every verified
 node, the acceptance, the cache moves, a forward dearer in the engine than alone): each batch
 size learns it online as a factor on the price above a plain step (:class:`DraftPrice`, from the
-drafted steps that ran), and the cut prices with it one standard error high, so that a node is
-verified only where its gain clears what the price is known to miss.
+drafted steps that ran; it fades back to its prior in the steps that verify no drafted node, so
+that a price learned high from a few slow steps does not stop drafting for good), and the cut
+prices with it one standard error high, so that a node is verified only where its gain clears
+what the price is known to miss.
 
 Cost curves (:class:`BatchCosts`) are **keyed by batch size**, not modelled over total tokens: a
 row reads its own KV prefix (memory traffic ``~ B x P``) and attends over it (``~ B x m x P``), so
@@ -46,8 +48,9 @@ path, with its corrections); sizes 2, 4, 8, ... are measured with the real batch
 (:class:`racer_rs.target.batch_verifier.BatchVerifier`: padded trees, 4D masks, per-row
 positions) at the same two context lengths, sizes in between interpolated linearly in ``B``; every
 batch size keeps its own online corrections (load, shape, overhead: see
-:class:`racer_rs.autosize.cost_model.CostModel`). All are cached on disk next to
-today's curve (``<cost key>-b<B>.json``).
+:class:`racer_rs.autosize.cost_model.CostModel`). All are cached on disk next to today's curve
+(``<cost key>-b<B>.json``), the shapes excepted: drafted steps teach them, alongside their price,
+and what they learn belongs to the process's prices (:func:`_without_shapes`).
 """
 
 from __future__ import annotations
@@ -58,7 +61,14 @@ from typing import Any
 import numpy as np
 
 from racer_rs.autosize import state
-from racer_rs.autosize.cost_model import CURVE_CONTEXTS, CostModel, MachineLoad, measure_forward_cost, time_layouts
+from racer_rs.autosize.cost_model import (
+    CURVE_CONTEXTS,
+    CostModel,
+    MachineLoad,
+    measure_forward_cost,
+    size_bucket,
+    time_layouts,
+)
 from racer_rs.errors import InvalidArgumentError
 
 
@@ -426,7 +436,9 @@ class DraftPrice:
     steps teach fast, and a change of load or prompts is followed. The cut prices with
     :meth:`cautious`, the factor one standard error higher (the errors' weighted spread over
     their effective count): a node whose gain is within what the price is known to miss is not
-    verified. The prior's spread is :data:`DRAFT_PRICE_PRIOR_SPREAD`.
+    verified. The prior's spread is :data:`DRAFT_PRICE_PRIOR_SPREAD`. A step that verifies no
+    drafted node moves the factor back toward the prior (:meth:`forget`): a price too high to
+    draft under would otherwise never be measured again.
     """
 
     def __init__(self) -> None:
@@ -455,6 +467,22 @@ class DraftPrice:
     def cautious(self) -> float:
         """The factor one standard error higher: the price the cut decides with."""
         return float(np.exp(self.log_factor + self.standard_error()))
+
+    def forget(self) -> None:
+        """One batched step that verified no drafted node: what the drafted steps taught fades
+        toward the prior by :data:`DRAFT_PRICE_RATE`, as if the prior had been observed once
+        more with that weight. A price learned high stops the cut from drafting, and with no
+        drafted step it would never be corrected (SmolLM2-135M at 8 rows, a fresh cache: the
+        first four drafted steps left the factor at 2.8, priced cautiously at 3.5x, and the cut
+        verified no node for the rest of the process). Every sum moves toward the prior's by
+        :data:`DRAFT_PRICE_RATE` (the prior alone is the limit): four drafted steps at 2.8x
+        priced at 2.8x cautiously, 1.9x after 50 idle steps and 1.3x after 100, so the nodes
+        that clear the price are verified again and teach it."""
+        keep = 1.0 - DRAFT_PRICE_RATE
+        self.weight = keep * self.weight + DRAFT_PRICE_RATE
+        self.weight_squared = keep * self.weight_squared + DRAFT_PRICE_RATE
+        self.total = keep * self.total
+        self.squares = keep * self.squares + DRAFT_PRICE_RATE * DRAFT_PRICE_PRIOR_SPREAD**2
 
     @staticmethod
     def scaled(step_seconds: np.ndarray, factor: float) -> np.ndarray:
@@ -529,12 +557,27 @@ def _load_share(key: str, batch: int) -> TokenShare | None:
     return cached
 
 
+def _without_shapes(stored: dict[str, Any]) -> dict[str, Any]:
+    """A batch size's stored cost model without its per-size shapes (the plain size's folded
+    into the level), as it is written and read.
+
+    Drafted steps teach the shapes, in the same error as the process's drafted-step price
+    (:class:`DraftPrice`, never stored), and only drafted steps correct them: a shape learned
+    high stops the cut from drafting, so nothing corrects it. Stored, it outlived the process and
+    the price it was learned beside: SmolLM2-135M at 16 rows on this CPU read a shape that priced
+    every row's one more node at 1.65x a plain step, measured at 1.30x, and no node paid again.
+    """
+    shape = stored.get("shape", {})
+    plain = float(shape.get(str(size_bucket(1)), 1.0)) if isinstance(shape, dict) else 1.0
+    return stored | {"shape": {}, "level": float(stored.get("level", 1.0)) * plain}
+
+
 def _load(key: str, batch: int, max_size: int) -> CostModel | None:
     cached = _batch_costs.get((key, batch))
     if cached is None:
         stored = state.read_json(_path(key, batch))
         try:
-            cached = CostModel.from_state(stored["cost"]) if stored else None
+            cached = CostModel.from_state(_without_shapes(stored["cost"])) if stored else None
         except (KeyError, ValueError):
             cached = None
     if cached is not None and cached.max_size < max_size:
@@ -615,7 +658,7 @@ class BatchCosts:
             if batch == 1:
                 state.save_cost_model(self.model, model)
                 continue
-            stored: dict[str, Any] = {"cost": model.state(), "batch_size": batch}
+            stored: dict[str, Any] = {"cost": _without_shapes(model.state()), "batch_size": batch}
             if batch in bucket_sizes(batch) and batch in self.shares:  # a measured size
                 stored["token_share"] = self.shares[batch].state()
             state.write_json(_path(self.key, batch), stored)

@@ -13,11 +13,13 @@ most expected tokens per second); with more, the step keeps the likeliest nodes 
 that the batched forward's price of its nodes and padded size favours
 (:func:`racer_rs.autosize.batch_sizer.best_flat_sizes`).
 One calibration learns from every row; each batch size keeps its own cost model, corrected
-online (the machine's load followed fast, each size bucket's shape learned slowly), so a first
-measurement that is wrong at one shape does not stick, and its own price of drafting: what its
-drafted steps cost above a plain step against what the model said
+online (the machine's load followed fast, each size bucket's shape learned slowly, within the
+process), so a first measurement that is wrong at one shape does not stick, and its own price of
+drafting: what its drafted steps cost above a plain step against what the model said
 (:class:`racer_rs.autosize.batch_sizer.DraftPrice`), learned fast and used cautiously, so that a
-node is verified only where its gain clears what the price is known to miss.
+node is verified only where its gain clears what the price is known to miss, and fading back to
+its prior in the steps that verify no drafted node, so that a price learned high from a few slow
+steps does not stop drafting for good.
 """
 
 from __future__ import annotations
@@ -371,6 +373,8 @@ class AutoCapacity:
             self.costs.for_batch(batch).observe(
                 report.padded, report.context, self._as_uniform(report), 0.0, teaches_load=report.padded < 2
             )
+            if report.padded < 2:  # no drafted node verified: the price cannot be measured
+                self._draft_price(batch).forget()
 
     def _draft_price(self, batch: int) -> DraftPrice:
         from racer_rs.autosize.batch_sizer import DraftPrice
