@@ -1017,7 +1017,7 @@ def test_stored_batch_curves_keep_no_per_size_shape(monkeypatch: pytest.MonkeyPa
     """A batch size's curve stored with the shapes its drafted steps taught (here size 2 at 1.3x
     the curve, size 1 at 0.9x) is read without them, the plain size's folded into the level, and
     written without them; fails if the stored shape came back (it priced 16 rows' one more node
-    each at 1.65x a plain step, measured at 1.30x)."""
+    each at 1.65x a plain step, where the measured curve says 1.36x)."""
     monkeypatch.setenv("RACER_RS_CACHE", str(tmp_path))
     monkeypatch.setattr(batch_sizing, "_batch_costs", {})
     learned = _steep(per_node=0.1)
