@@ -470,14 +470,13 @@ class DraftPrice:
 
     def forget(self) -> None:
         """One batched step that verified no drafted node: what the drafted steps taught fades
-        toward the prior by :data:`DRAFT_PRICE_RATE`, as if the prior had been observed once
-        more with that weight. A price learned high stops the cut from drafting, and with no
-        drafted step it would never be corrected (SmolLM2-135M at 8 rows, a fresh cache: the
-        first four drafted steps left the factor at 2.8, priced cautiously at 3.5x, and the cut
-        verified no node for the rest of the process). Every sum moves toward the prior's by
+        toward the prior. A price learned high stops the cut from drafting, and with no drafted
+        step it would never be corrected (SmolLM2-135M at 8 rows, a fresh cache: the first four
+        drafted steps left the factor at 2.8, priced cautiously at 3.5x, and the cut verified
+        no node for the rest of the process). Every sum moves toward the prior's by
         :data:`DRAFT_PRICE_RATE` (the prior alone is the limit): four drafted steps at 2.8x
-        priced at 2.8x cautiously, 1.9x after 50 idle steps and 1.3x after 100, so the nodes
-        that clear the price are verified again and teach it."""
+        their model's price leave it at 2.8x cautiously, 1.9x after 50 idle steps and 1.3x
+        after 100, so the nodes that clear the price are verified again and teach it."""
         keep = 1.0 - DRAFT_PRICE_RATE
         self.weight = keep * self.weight + DRAFT_PRICE_RATE
         self.weight_squared = keep * self.weight_squared + DRAFT_PRICE_RATE
