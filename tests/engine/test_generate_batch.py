@@ -779,6 +779,28 @@ def _three_row_policy() -> AutoCapacity:
     return policy
 
 
+def _three_row_report(
+    full: list[Proposal], verified: list[Proposal], padded: int, step: float, flat: bool = False
+) -> StepReport:
+    """A step of :func:`_three_row_policy`'s rows at a 40-token context in which every row
+    committed its root's token alone."""
+    return StepReport(
+        rows=[0, 1, 2],
+        full=full,
+        verified=verified,
+        choices=[None, None, None],
+        paths=[np.asarray([0])] * 3,
+        bonuses=[1, 1, 1],
+        randomized=[False] * 3,
+        committed=[1, 1, 1],
+        context=40,
+        padded=padded,
+        forward=0.0,
+        step=step,
+        flat=flat,
+    )
+
+
 def test_auto_cut_fills_every_row_up_to_the_chosen_padded_size(forced_cost: Any) -> None:
     forced_cost(lambda batch: _steep(per_node=0.02))
     policy = _three_row_policy()
@@ -841,21 +863,7 @@ def test_a_flat_step_teaches_the_curve_its_error_not_the_nodes_left_out(
     assert predicted < float(steps[7])  # two rows of roots cost less than three rows of 8
     padded = float(DraftPrice.scaled(steps, factor)[7])
     for slower in (1.0, 1.1):
-        report = StepReport(
-            rows=[0, 1, 2],
-            full=proposals,
-            verified=proposals,
-            choices=[None, None, None],
-            paths=[np.asarray([0]), np.asarray([0]), np.asarray([0])],
-            bonuses=[1, 1, 1],
-            randomized=[False, False, False],
-            committed=[1, 1, 1],
-            context=40,
-            padded=8,
-            forward=0.0,
-            step=slower * predicted,
-            flat=True,
-        )
+        report = _three_row_report(proposals, proposals, padded=8, step=slower * predicted, flat=True)
         observed.clear()
         policy.observe(report)
         # Drafted steps teach the size's shape, not the machine's load (plain steps do).
@@ -936,21 +944,8 @@ def test_flat_steps_dearer_than_their_model_stop_the_cut_from_drafting(
         extra = np.full(len(steps), sum(len(p.tree) - 1 for p in cut), dtype=np.float64)
         m = max(len(p.tree) for p in cut)
         model = float(flat_step_seconds(steps, share, extra, 3)[m - 1])
-        report = StepReport(
-            rows=[0, 1, 2],
-            full=proposals,
-            verified=cut,
-            choices=[None, None, None],
-            paths=[np.asarray([0])] * 3,
-            bonuses=[1, 1, 1],
-            randomized=[False] * 3,
-            committed=[1, 1, 1],
-            context=40,
-            padded=m,
-            forward=0.0,
-            step=float(steps[0]) + 3.0 * (model - float(steps[0])),
-            flat=True,
-        )
+        step = float(steps[0]) + 3.0 * (model - float(steps[0]))
+        report = _three_row_report(proposals, cut, padded=m, step=step, flat=True)
         policy.observe(report)
     steps = np.maximum.accumulate(_steep(per_node=0.2).step_seconds(np.arange(1, 17), 40))
     at_true_price = best_flat_sizes(probabilities, DraftPrice.scaled(steps, 3.0), np.full(16, 0.8))
@@ -986,20 +981,7 @@ def test_a_price_learned_high_fades_in_the_steps_that_verify_no_node(
     proposals = [Proposal(tree) for tree in trees]
     cut, _ = policy.cut(proposals, [0, 1, 2], context=40, flat=True)
     assert [len(p.tree) for p in cut] == [1, 1, 1]
-    roots = StepReport(
-        rows=[0, 1, 2],
-        full=proposals,
-        verified=cut,
-        choices=[None, None, None],
-        paths=[np.asarray([0])] * 3,
-        bonuses=[1, 1, 1],
-        randomized=[False] * 3,
-        committed=[1, 1, 1],
-        context=40,
-        padded=1,
-        forward=0.0,
-        step=1.0,
-    )
+    roots = _three_row_report(proposals, cut, padded=1, step=1.0)
     idle = 0
     while idle < 100 and [len(p.tree) for p in cut] == [1, 1, 1]:
         policy.observe(roots)
