@@ -780,7 +780,12 @@ def _three_row_policy() -> AutoCapacity:
 
 
 def _three_row_report(
-    full: list[Proposal], verified: list[Proposal], padded: int, step: float, flat: bool = False
+    full: list[Proposal],
+    verified: list[Proposal],
+    padded: int,
+    step: float,
+    flat: bool = False,
+    drafted: bool = True,
 ) -> StepReport:
     """A step of :func:`_three_row_policy`'s rows at a 40-token context in which every row
     committed its root's token alone."""
@@ -797,6 +802,7 @@ def _three_row_report(
         padded=padded,
         forward=0.0,
         step=step,
+        drafted=drafted,
         flat=flat,
     )
 
@@ -894,23 +900,9 @@ def test_drafted_steps_teach_the_price_and_plain_steps_do_not(
     policy.cut(proposals, [0, 1, 2], context=40, flat=True)
     steps, share, _ = policy.last_prices[3]
     flat = float(flat_step_seconds(steps, share, np.full(len(steps), 7.0), 3)[7])
-    base = {
-        "rows": [0, 1, 2],
-        "full": proposals,
-        "verified": proposals,
-        "choices": [None] * 3,
-        "paths": [np.asarray([0])] * 3,
-        "bonuses": [1, 1, 1],
-        "randomized": [False] * 3,
-        "committed": [1, 1, 1],
-        "context": 40,
-        "padded": 8,
-        "forward": 0.0,
-        "step": 2.0,
-    }
-    policy.observe(StepReport(**base, flat=True))
-    policy.observe(StepReport(**base, flat=False))
-    policy.observe(StepReport(**base | {"padded": 1}, drafted=False))
+    policy.observe(_three_row_report(proposals, proposals, padded=8, step=2.0, flat=True))
+    policy.observe(_three_row_report(proposals, proposals, padded=8, step=2.0, flat=False))
+    policy.observe(_three_row_report(proposals, proposals, padded=1, step=2.0, drafted=False))
     assert seen == [
         pytest.approx((flat, 2.0, float(steps[0]))),
         pytest.approx((float(steps[7]), 2.0, float(steps[0]))),
