@@ -1,8 +1,9 @@
 """The drafting switch: a batched step drafts or decodes plainly by measured tokens per second.
 
-Checked: the switch's schedule against its definition (an untried mode first, then the faster
-one, the slower one after waits of 2, 4, 8... blocks up to SWITCH_EXPLORE, the waits starting
-over when the verdict changes), that plain steps still feed the drafters' tables
+Checked: the switch's schedule against its definition (an untried mode first, at a new batch
+size the mode faster at the nearest measured size, then the faster one, the slower one after
+waits of 2, 4, 8... blocks up to SWITCH_EXPLORE, the waits starting over when the verdict
+changes), that plain steps still feed the drafters' tables
 and keep every row lossless (greedy and seeded sampling, modes alternating step by step), that
 they teach the batch's cost curve its size 1, and that a switch ignoring the rates fails the
 schedule check.
@@ -111,7 +112,30 @@ def test_batch_sizes_are_measured_apart() -> None:
     run_blocks(switch, 4, {True: 1.0, False: 2.0}, batch=8)
     assert switch.rate(8, False) == pytest.approx(2.0)
     assert switch.rate(2, True) is None
-    assert switch.drafts(2)  # a new batch size tries drafting first
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_a_new_batch_size_starts_with_its_nearest_size_s_verdict(faster: bool) -> None:
+    """A shrinking batch's new sizes start with the mode that was faster at the nearest size
+    where both ran (of two as near, the larger), then try the other one."""
+
+    def measured(sizes: dict[int, bool]) -> DraftingSwitch:
+        switch = DraftingSwitch()
+        for size, fast in sizes.items():
+            run_blocks(switch, 4, {fast: 1.2, not fast: 1.0}, batch=size)
+        return switch
+
+    assert run_blocks(measured({16: faster, 8: not faster}), 2, {True: 1.0, False: 1.0}, batch=13) == [
+        faster,
+        not faster,
+    ]
+    assert run_blocks(measured({16: faster, 8: not faster}), 1, {True: 1.0, False: 1.0}, batch=10) == [not faster]
+    assert run_blocks(measured({4: faster, 8: not faster}), 1, {True: 1.0, False: 1.0}, batch=6) == [not faster]
+    # A size where one mode alone ran says nothing; a switch that knows nothing drafts first.
+    one_mode = DraftingSwitch()
+    one_mode.observe(16, False, 16, 1.0)
+    assert one_mode.drafts(13)
+    assert DraftingSwitch().drafts(5)
 
 
 def test_a_later_call_reuses_the_process_s_switch() -> None:

@@ -909,6 +909,28 @@ def test_drafted_steps_teach_the_price_and_plain_steps_do_not(
     ]
 
 
+def test_a_new_batch_size_starts_from_the_nearest_learned_price(
+    forced_cost: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch size met for the first time prices drafted steps as the nearest size that learned
+    its price (of two as near, the larger), in a copy of its own; with none learned, the prior."""
+    forced_cost(lambda batch: _steep(per_node=0.05))
+    monkeypatch.setattr(capacity, "_draft_prices", {})  # this test's process-wide prices
+    policy = _three_row_policy()
+    assert policy._draft_price(5).factor == 1.0  # nothing learned yet
+    learned = {16: policy._draft_price(16), 8: policy._draft_price(8)}  # both from the prior
+    for size, measured in ((16, 3.0), (8, 1.25)):  # model: 2.0 s, plain 1.0 s
+        for _ in range(4):
+            learned[size].observe(2.0, measured, 1.0)
+    sixteen, eight = learned[16].factor, learned[8].factor
+    assert sixteen > 1.5 and eight < 0.5
+    assert policy._draft_price(12).factor == pytest.approx(sixteen)  # as near as 8: the larger
+    assert policy._draft_price(9).factor == pytest.approx(eight)
+    policy._draft_price(9).observe(2.0, 3.0, 1.0)
+    assert policy._draft_price(8).factor == pytest.approx(eight)  # a copy: 8's own is unchanged
+    assert policy._draft_price(5).factor == 1.0
+
+
 @pytest.mark.parametrize("learns", [True, False])
 def test_flat_steps_dearer_than_their_model_stop_the_cut_from_drafting(
     forced_cost: Any, monkeypatch: pytest.MonkeyPatch, learns: bool
