@@ -262,20 +262,25 @@ def test_summary_statistics_from_made_up_times():
     records = [
         _record("ar", [2.0, 4.0, 2.0]),
         _record("racer", [1.0, 1.0, 1.0]),
-        _record("ar", [2.0, 4.0, 8.0], ar_pass=1),  # request 2's ar runs differ 4x: disturbed
+        _record("ar", [2.2, 4.0, 8.0], ar_pass=1),  # request 2's ar runs differ 4x: disturbed
     ]
     rows = {r["method"]: r for r in summarise(records, ["ar", "racer"])}
     racer = rows["racer"]
-    # Per request tokens/s over ar's: 2x and 4x; the disturbed third is left out.
-    assert racer["speedup"] == pytest.approx(math.sqrt(2.0 * 4.0))
+    # Per request tokens/s over ar's two runs' (geometric mean): request 0's 5 over ar's 2.5
+    # and 5 / 2.2, request 1's 4x; the disturbed third is left out.
+    first = 5.0 / math.sqrt(2.5 * 5.0 / 2.2)
+    assert racer["speedup"] == pytest.approx(math.sqrt(first * 4.0))
     assert racer["disturbed"] == 1 and racer["requests"] == 3
-    assert racer["speedup_low"] == pytest.approx(2.0) and racer["speedup_high"] == pytest.approx(4.0)
+    assert racer["speedup_low"] == pytest.approx(first) and racer["speedup_high"] == pytest.approx(4.0)
     assert racer["tokens_per_s"] == pytest.approx(15 / 3.0)
-    assert racer["vs_ar_tokens_per_s"] == pytest.approx((15 / 3.0) / (15 / 8.0))
-    # Its range runs over both ar runs of the round: the opening (8 s) and the closing (14 s).
+    # Over ar's tokens/s pooled over both of its runs (the opening 8 s and the closing 14.2 s).
+    assert rows["ar"]["tokens_per_s"] == pytest.approx(30 / 22.2)
+    assert rows["ar"]["vs_ar_tokens_per_s"] == pytest.approx(1.0)
+    assert racer["vs_ar_tokens_per_s"] == pytest.approx((15 / 3.0) / (30 / 22.2))
+    # Its range runs over each of them.
     assert racer["vs_ar_low"] == pytest.approx((15 / 3.0) / (15 / 8.0))
-    assert racer["vs_ar_high"] == pytest.approx((15 / 3.0) / (15 / 14.0))
-    assert "2.67x [2.67, 4.67]" in format_table(list(rows.values()))
+    assert racer["vs_ar_high"] == pytest.approx((15 / 3.0) / (15 / 14.2))
+    assert "3.70x [2.67, 4.73]" in format_table(list(rows.values()))
     assert racer["tpot_ms_p50"] == pytest.approx(1000.0 * (2.0 - 1.5) / 4)  # (total - first) / (tokens - 1)
     assert racer["ttft_ms_p50"] == pytest.approx(500.0)
     assert rows["ar"]["latency_s_p50"] == pytest.approx(2.0)  # ar's opening run only

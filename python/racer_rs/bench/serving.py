@@ -10,14 +10,21 @@ between), the other methods in between in an order that rotates by one place fro
 
 Per method and concurrency the benchmark reports:
 
-- total tokens/s (new tokens over the call's wall time, prefill included) and its ratio to ``ar``'s
-  opening runs, with the range of the per-round ratios over both of the round's ``ar`` runs, the
-  opening and the closing one (:func:`_throughput_range`: how far the machine drifted around the
-  method's own call; with several rounds, how much the ratio varies between them);
+- total tokens/s (new tokens over the call's wall time, prefill included) and its ratio to
+  ``ar``'s, pooled over both of ``ar``'s runs of every round, the opening and the closing one
+  (which bracket the method's own call), with the range of the per-round ratios over each of
+  them (:func:`_throughput_range`: how far the machine drifted around the method's own call; with
+  several rounds, how much the ratio varies between them). Both runs, because where a run sits
+  in the round moves its speed: at 16 rows the opening ``ar`` run, which follows the previous
+  round's closing one, was faster than the closing one in 13 of 16 rounds (by 4.3%, geometric
+  mean; SmolLM2-135M and Qwen2.5-Coder-0.5B, five runs of this benchmark), at 8 rows slower in
+  10 of 13 (by 3.5%); ``pld`` and ``suffix`` on Qwen2.5-Coder at 16 rows, which drafted nothing
+  there (MAT 1.00), made 0.93x the opening runs and 1.01x the closing ones;
 - per-request speedup over ``ar``: request ``i``'s tokens/s (its new tokens over its latency,
-  ``total - admitted_s``) over ``ar``'s on the same request in the same round, aggregated by the
-  geometric mean with a bootstrap 95% interval (:mod:`racer_rs.bench.stats`); a request whose two
-  ``ar`` runs differ by more than the disturbance threshold is left out and counted;
+  ``total - admitted_s``) over ``ar``'s on the same request in the same round (the geometric mean
+  of its two runs), aggregated by the geometric mean with a bootstrap 95% interval
+  (:mod:`racer_rs.bench.stats`); a request whose two ``ar`` runs differ by more than the
+  disturbance threshold is left out and counted;
 - time per output token (TPOT, per request ``(total - first_token_s) / (tokens - 1)``), median;
 - time to first token (``first_token_s - admitted_s``), median;
 - latency percentiles p50, p90, p99 of ``total - admitted_s`` (the queueing before admission is
@@ -361,7 +368,7 @@ def summarise(records: Sequence[ServingRecord], methods: Sequence[str]) -> list[
         rounds: dict[int, dict[tuple[str, int], ServingRecord]] = defaultdict(dict)
         for record in group:
             rounds[record.round][(record.method, record.ar_pass)] = record
-        ar_rate = _pooled_rate([r for r in group if r.method == BASELINE and r.ar_pass == 0])
+        ar_rate = _pooled_rate([r for r in group if r.method == BASELINE])  # both runs of every round
         for method in methods:
             own = [r for r in group if r.method == method and r.ar_pass == 0]
             if not own:
@@ -370,7 +377,7 @@ def summarise(records: Sequence[ServingRecord], methods: Sequence[str]) -> list[
             tokens = sum(r.new_tokens for r in own)
             steps = sum(sum(r.steps) for r in own)
             latency = [s for r in own for s in r.latency()]
-            rate = _pooled_rate(own)
+            rate = ar_rate if method == BASELINE else _pooled_rate(own)
             estimate = geometric_mean(ratios)
             low, high = _throughput_range(rounds, method)
             row: dict[str, Any] = {
@@ -432,8 +439,9 @@ def _throughput_range(rounds: dict[int, dict[tuple[str, int], ServingRecord]], m
 def _request_ratios(
     rounds: dict[int, dict[tuple[str, int], ServingRecord]], method: str
 ) -> tuple[list[float], int, int]:
-    """Per request and round, ``method``'s tokens/s over ``ar``'s opening run's; how many were left
-    out as disturbed (``ar``'s two runs of the request differ too much); how many there were."""
+    """Per request and round, ``method``'s tokens/s over ``ar``'s (the geometric mean of its two
+    runs of the round); how many were left out as disturbed (``ar``'s two runs of the request
+    differ too much); how many there were."""
     ratios: list[float] = []
     left_out = requests = 0
     for calls in rounds.values():
@@ -446,7 +454,7 @@ def _request_ratios(
             if disturbed(ar, ar_again):
                 left_out += 1
                 continue
-            ratios.append(mine / ar)
+            ratios.append(mine / math.sqrt(ar * ar_again))
     return ratios, left_out, requests
 
 
