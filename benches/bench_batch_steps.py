@@ -17,7 +17,9 @@ whose trees differ in size flat (without the policy's choice of layout,
 steps by the cost model alone, as before :class:`racer_rs.autosize.batch_sizer.DraftPrice`
 (no learned factor, no caution, and drafted steps teaching the machine's load), or by ``:held``
 to keep a learned price through the steps that verify no drafted node, as before
-:meth:`racer_rs.autosize.batch_sizer.DraftPrice.forget`.
+:meth:`racer_rs.autosize.batch_sizer.DraftPrice.forget`, or by ``:blind`` to start every batch
+size met for the first time with a drafting block and an unlearned drafted-step price, as before
+:meth:`racer_rs.engine.capacity.DraftingSwitch.nearest_verdict`.
 ``--temperature`` samples (top-p 0.95, seed 0) instead of decoding greedily. Each run also
 prints the drafted-step price it learned at ``B`` rows. The last lines give every label's
 tokens/s over the first label's, per round (a round: the labels' n-th runs) and their mean, and
@@ -71,6 +73,7 @@ def run(
     layout = batch_sizer.best_layout_sizes
     price = batch_sizer.DraftPrice.cautious, batch_sizer.DraftPrice.factor, batch_sizer.DraftPrice.forget
     observe = CostModel.observe
+    nearest, draft_price = capacity.DraftingSwitch.nearest_verdict, capacity.AutoCapacity._draft_price
     if mode == "padded":  # every step padded to its largest tree, as before flat forwards
         generation.BatchVerifier = lambda model: BatchVerifier(model, flat_forwards=False)  # type: ignore[assignment,misc]
     elif mode == "flat":  # trees of different sizes always flat, as before the layout choice
@@ -83,6 +86,11 @@ def run(
         CostModel.observe = lambda self, *args, teaches_load=True: observe(self, *args)  # type: ignore[method-assign]
     elif mode == "held":  # a learned price never fades in idle steps, as before DraftPrice.forget
         batch_sizer.DraftPrice.forget = lambda self: None  # type: ignore[method-assign]
+    elif mode == "blind":  # a new batch size drafts first at a fresh price, as before nearest_verdict
+        capacity.DraftingSwitch.nearest_verdict = lambda self, batch: True  # type: ignore[method-assign]
+        capacity.AutoCapacity._draft_price = lambda self, batch: self.draft_prices.setdefault(  # type: ignore[method-assign]
+            batch, batch_sizer.DraftPrice()
+        )
     elif mode:
         drafts = {"draft": True, "plain": False}[mode]
         capacity.AutoCapacity.drafts = lambda self, rows: rows == 1 or drafts  # type: ignore[method-assign]
@@ -106,6 +114,7 @@ def run(
     batch_sizer.best_layout_sizes = layout
     batch_sizer.DraftPrice.cautious, batch_sizer.DraftPrice.factor, batch_sizer.DraftPrice.forget = price  # type: ignore[method-assign,misc]
     CostModel.observe = observe  # type: ignore[method-assign]
+    capacity.DraftingSwitch.nearest_verdict, capacity.AutoCapacity._draft_price = nearest, draft_price  # type: ignore[method-assign]
     generation.BatchVerifier = BatchVerifier  # type: ignore[misc]
     tokens = sum(len(r.tokens) for r in results)
     in_steps = sum(step[3] for step in STEPS)
