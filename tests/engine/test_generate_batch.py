@@ -258,20 +258,14 @@ class ResampleAfterMismatchLoop(DecodeEngine):
         return verification
 
 
-def _first_tokens(model: torch.nn.Module, cache: Any) -> tuple[list[Counter[tuple[int, ...]]], list[float]]:
+def _first_tokens(model: torch.nn.Module) -> tuple[list[Counter[tuple[int, ...]]], list[float]]:
     """Per row: counts of its first tokens over RUNS seeded batches, and how often its first
     step accepted a drafted token (every step drafts: the drafting switch, which learns over
     the RUNS calls that a tiny model's drafts do not pay, is kept on, and every call prices
-    drafted steps afresh, as a new process does, not as the calls before it measured them).
-    The calls learn their own calibration in their own ``cache`` folder: a call warm-starts from
-    the calibration the process and the cache hold for its key, which other tests on the same
-    tiny model also teach, and in one full CI run the first steps here accepted drafts in 0.7%
-    of the runs of one row."""
+    drafted steps afresh, as a new process does, not as the calls before it measured them)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(capacity.AutoCapacity, "drafts", lambda self, batch: True)
         patch.setattr(capacity, "draft_prices", lambda key: {})
-        patch.setattr(tree_size, "_calibrations", {})
-        patch.setenv("RACER_RS_CACHE", str(cache))
         return _first_tokens_drafting(model)
 
 
@@ -289,18 +283,23 @@ def _first_tokens_drafting(model: torch.nn.Module) -> tuple[list[Counter[tuple[i
     return counts, accepted
 
 
-def test_every_row_s_first_tokens_follow_the_exact_distribution(peaky: torch.nn.Module, tmp_path: Any) -> None:
-    counts, accepted = _first_tokens(peaky, tmp_path)
+def test_every_row_s_first_tokens_follow_the_exact_distribution(peaky: torch.nn.Module, forced_cost: Any) -> None:
+    # Flat costs, a private cache and no calibration to warm-start from: the cut verifies drafts
+    # at every first step, whatever other tests on this tiny model (its calibration key) taught
+    # or a measured curve says (one full CI run accepted drafts in 0.7% of one row's runs).
+    forced_cost(COSTS["flat"])
+    counts, accepted = _first_tokens(peaky)
     for row, prompt in enumerate(ROW_PROMPTS):
         assert accepted[row] > 0.1, row  # drafts accepted: the walk's rule really decided
         assert chi_square_pvalue(counts[row], exact_first_tokens(peaky, prompt), RUNS) > ALPHA, row
 
 
 def test_a_lossy_rule_fails_the_same_test_per_row(
-    peaky: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+    peaky: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, forced_cost: Any
 ) -> None:
+    forced_cost(COSTS["flat"])  # as above
     monkeypatch.setattr(generation, "DecodeEngine", ResampleAfterMismatchLoop)
-    counts, _ = _first_tokens(peaky, tmp_path)
+    counts, _ = _first_tokens(peaky)
     for row, prompt in enumerate(ROW_PROMPTS):
         assert chi_square_pvalue(counts[row], exact_first_tokens(peaky, prompt), RUNS) < ALPHA, row
 
