@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +91,12 @@ SWITCH_DECAY = 0.94
 SWITCH_MARGIN = 0.02
 #: A step's seconds count at most this many times its mode's mean step so far.
 SWITCH_CLIP = 1.5
+
+
+def nearest_size(sizes: Iterable[int], batch: int) -> int | None:
+    """The size in ``sizes`` nearest ``batch``, of two as near the larger (drafting pays less as
+    a batch grows, so the larger one's knowledge is the cautious one); ``None`` if there is none."""
+    return min(sizes, key=lambda size: (abs(size - batch), -size), default=None)
 
 
 class DraftingSwitch:
@@ -158,14 +164,15 @@ class DraftingSwitch:
     def nearest_verdict(self, batch: int) -> bool:
         """The faster mode at the batch size nearest ``batch`` where both modes ran (of two as
         near, the larger one: drafting pays less as a batch grows); drafting where none has."""
-        measured = [
-            size
-            for size in self.totals
-            if size != batch and all(self.rate(size, mode) is not None for mode in (True, False))
-        ]
-        if not measured:
-            return True
-        return self._faster(min(measured, key=lambda size: (abs(size - batch), -size)))
+        nearest = nearest_size(
+            (
+                size
+                for size in self.totals
+                if size != batch and all(self.rate(size, mode) is not None for mode in (True, False))
+            ),
+            batch,
+        )
+        return True if nearest is None else self._faster(nearest)
 
     def _faster(self, batch: int) -> bool:
         """Whether drafting beats plain steps at ``batch`` rows by :data:`SWITCH_MARGIN` (both measured)."""
@@ -413,8 +420,7 @@ class AutoCapacity:
 
         price = self.draft_prices.get(batch)
         if price is None:
-            learned = [size for size, known in self.draft_prices.items() if known.steps]
-            nearest = min(learned, key=lambda size: (abs(size - batch), -size), default=None)
+            nearest = nearest_size((size for size, known in self.draft_prices.items() if known.steps), batch)
             price = DraftPrice() if nearest is None else copy.copy(self.draft_prices[nearest])
             self.draft_prices[batch] = price
         return price
