@@ -778,6 +778,72 @@ def test_auto_batches_are_lossless_and_spend_one_budget(forced_cost: Any, method
         assert max(max(r.extras["auto_capacity"]["chosen_sizes"]) for r in results) > 8
 
 
+def test_once_no_request_waits_only_the_rows_with_the_most_budget_left_pace() -> None:
+    """The rows whose drafts shorten the call: all of them while a request waits (a row that
+    finishes sooner admits it sooner), then only those with the most budget left."""
+    states = [
+        DecodeState(np.zeros(20, np.int32), prompt_length=2, length=2 + made, next_token=0, max_new_tokens=budget)
+        for made, budget in [(3, 8), (0, 7), (1, 6), (2, 4), (0, 7)]
+    ]  # 5, 7, 5, 2 and 7 tokens left
+    engine: Any = dataclasses.make_dataclass("Engine", ["waiting"])(waiting=["the next request"])
+    assert DecodeEngine.pacing_rows(engine, states) == [True] * 5
+    engine.waiting = []
+    assert DecodeEngine.pacing_rows(engine, states) == [False, True, False, False, True]
+    assert DecodeEngine.pacing_rows(engine, states[:1]) == [True]
+
+
+def test_a_row_that_does_not_pace_verifies_its_root_alone(forced_cost: Any) -> None:
+    forced_cost(COSTS["flat"])  # every node pays
+    policy = _three_row_policy()
+    trees = [synthetic_tree(n, 96, branching=b) for n, b in [(16, 1), (9, 3), (9, 3)]]
+    proposals = [Proposal(tree) for tree in trees]
+    everyone, _ = policy.cut(proposals, [0, 1, 2], context=40, flat=True)
+    assert all(len(p.tree) > 1 for p in everyone)
+    paced, choices = policy.cut(proposals, [0, 1, 2], context=40, flat=True, pacing=[True, False, True])
+    assert [len(p.tree) for p in paced] == [len(everyone[0].tree), 1, len(everyone[2].tree)]
+    assert choices[1].keep.tolist() == [0]
+
+
+def test_the_engine_drafts_only_for_the_rows_the_call_waits_for(
+    forced_cost: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four requests at two rows: while a request waits every row drafts; after that only the
+    rows with the most budget left (the others verify their roots alone), and the outputs stay
+    plain greedy decoding's."""
+    forced_cost(COSTS["flat"])  # every node pays
+    cut, pacing_rows = AutoCapacity.cut, DecodeEngine.pacing_rows
+    waiting: list[int] = []
+    steps: list[tuple[list[bool], list[int]]] = []
+
+    def recording_pacing(self: DecodeEngine, live: list[DecodeState]) -> list[bool]:
+        waiting.append(len(self.waiting))
+        return pacing_rows(self, live)
+
+    def recording_cut(self: AutoCapacity, proposals: Any, rows: Any, context: int, flat: bool, pacing: Any) -> Any:
+        kept, choices = cut(self, proposals, rows, context, flat, pacing)
+        steps.append((list(pacing), [len(p.tree) for p in kept]))
+        return kept, choices
+
+    monkeypatch.setattr(DecodeEngine, "pacing_rows", recording_pacing)
+    monkeypatch.setattr(AutoCapacity, "cut", recording_cut)
+    prompts = [PROMPTS[1], REPEATING_PROMPT, PROMPTS[2], REPEATING_PROMPT]
+    budgets = [8, 40, 24, 33]
+    results = racer_rs.generate_batch(
+        _model("qwen2"), prompts, method="racer", max_new_tokens=budgets, capacity="auto", max_batch_size=2
+    )
+    for prompt, budget, result in zip(prompts, budgets, results, strict=True):
+        assert result.tokens == _expected("qwen2", prompt, budget)
+    assert len(waiting) == len(steps) and 0 in waiting and max(waiting) > 0
+    held_back = 0
+    for left, (pacing, sizes) in zip(waiting, steps, strict=True):
+        if left or len(sizes) == 1:
+            assert all(pacing)
+        for paces, size in zip(pacing, sizes, strict=True):
+            held_back += not paces
+            assert paces or size == 1
+    assert held_back, "no step ran with a row ahead of the others"
+
+
 def _three_row_policy() -> AutoCapacity:
     """``capacity="auto"`` on the llama model with rows 0, 1 and 2 admitted (costs as forced)."""
     policy = AutoCapacity(_model("llama"), "racer", greedy=True, max_capacity=16, max_rows=3)

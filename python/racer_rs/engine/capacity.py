@@ -250,9 +250,14 @@ class FixedCapacity:
         return True
 
     def cut(
-        self, proposals: list[Proposal], rows: Sequence[int], context: int, flat: bool = False
+        self,
+        proposals: list[Proposal],
+        rows: Sequence[int],
+        context: int,
+        flat: bool = False,
+        pacing: Sequence[bool] | None = None,
     ) -> tuple[list[Proposal], list[Any]]:
-        """The proposals as drafted."""
+        """The proposals as drafted (a fixed capacity drafts for every row, ``pacing`` or not)."""
         return proposals, [None] * len(proposals)
 
     def observe(self, report: StepReport) -> None:
@@ -325,13 +330,20 @@ class AutoCapacity:
         return batch == 1 or self.switch.drafts(batch)
 
     def cut(
-        self, proposals: list[Proposal], rows: Sequence[int], context: int, flat: bool = False
+        self,
+        proposals: list[Proposal],
+        rows: Sequence[int],
+        context: int,
+        flat: bool = False,
+        pacing: Sequence[bool] | None = None,
     ) -> tuple[list[Proposal], list[SizeChoice]]:
         """Every row's best-first prefix: one row's by the single-request rule, a batch's by the
         most expected tokens per second of the batched forward (``flat``: the verifier can
         compute the real nodes only, and the step runs flat or padded, whichever pays more,
         :func:`racer_rs.autosize.batch_sizer.best_layout_sizes`, its choice left in
-        :attr:`step_flat`; else padded to the largest tree, where every row fills the padding)."""
+        :attr:`step_flat`; else padded to the largest tree, where every row fills the padding).
+        ``pacing`` (per row, default every row): the rows whose tokens bring the call's end
+        nearer; the others verify their roots alone (:meth:`DecodeEngine.pacing_rows`)."""
         from racer_rs.autosize.batch_sizer import best_flat_sizes, best_layout_sizes
 
         self.step_flat = False
@@ -340,6 +352,8 @@ class AutoCapacity:
             return [restrict(proposals[0], choice.keep)], [choice]
         rankings = [self.sizers[row].rank(p.tree) for row, p in zip(rows, proposals, strict=True)]
         limits = [min(len(p.tree), self.limit) for p in proposals]
+        if pacing is not None:
+            limits = [n if paces else 1 for n, paces in zip(limits, pacing, strict=True)]
         cost = self.costs.for_batch(len(rows))
         # Per-size corrections are learned from noisy steps; a bigger tree never costs less.
         steps = np.maximum.accumulate(cost.step_seconds(np.arange(1, max(limits) + 1), context))

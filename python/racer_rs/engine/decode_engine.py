@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -327,6 +327,7 @@ class DecodeEngine:
         self.steps = 0
         self.peak_rows = 0
         self.requests = 0  # requests of the whole run
+        self.waiting: Sized = ()  # requests not yet admitted (during :meth:`run`)
 
     # --- admission ----------------------------------------------------------------------------
 
@@ -424,7 +425,9 @@ class DecodeEngine:
                 return
         rows = [state.row for state in live]
         if drafting:
-            proposals, choices = self.policy.cut(full, rows, self.verifier.physical, flat=self.verifier.flat)
+            proposals, choices = self.policy.cut(
+                full, rows, self.verifier.physical, flat=self.verifier.flat, pacing=self.pacing_rows(live)
+            )
         else:
             proposals, choices = full, [None] * len(full)
         drafted = time.perf_counter()
@@ -464,6 +467,21 @@ class DecodeEngine:
             )
         )
         self._drop_finished()
+
+    def pacing_rows(self, live: list[DecodeState]) -> list[bool]:
+        """Per live row, whether its accepted drafts bring the call's end nearer: every row's
+        while requests wait (a row that finishes sooner admits the next one sooner); once none
+        waits, only the rows with the most budget left, which the call's last steps wait for. A
+        row ahead of them that finishes sooner leaves the last steps with fewer rows, no fewer
+        steps, and every node it verifies costs a forward that all rows share: on
+        Qwen2.5-Coder-0.5B at 16 rows, one wave of 16 requests, drafting made rows finish at
+        different steps, and plain steps of 13 and 7 rows left behind cost 12.0 and 16.3 ms per
+        token against 10.8 at 16."""
+        if self.waiting or len(live) == 1:
+            return [True] * len(live)
+        left = [state.max_new_tokens - state.generated for state in live]
+        most = max(left)
+        return [remaining == most for remaining in left]
 
     def draft(self, live: list[DecodeState]) -> list[Proposal | None]:
         """Every live row's proposal, checked as the drafter's rules require; ``None`` for a row
@@ -728,6 +746,7 @@ class DecodeEngine:
     def run(self, requests: Sequence[Request]) -> None:
         """Decode every request; each finished row goes to ``on_finish`` as it ends."""
         waiting = deque(requests)
+        self.waiting = waiting
         self.requests = len(requests)
         ended: set[int] = set()
         try:
