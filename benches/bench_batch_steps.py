@@ -19,7 +19,9 @@ steps by the cost model alone, as before :class:`racer_rs.autosize.batch_sizer.D
 to keep a learned price through the steps that verify no drafted node, as before
 :meth:`racer_rs.autosize.batch_sizer.DraftPrice.forget`, or by ``:blind`` to start every batch
 size met for the first time with a drafting block and an unlearned drafted-step price, as before
-:meth:`racer_rs.engine.capacity.DraftingSwitch.nearest_verdict`.
+:meth:`racer_rs.engine.capacity.DraftingSwitch.nearest_verdict`, or by ``:unpaced`` to let every
+row draft when no request waits, as before :meth:`racer_rs.engine.decode_engine.DecodeEngine.pacing_rows`
+(rows ahead of the ones with the most budget left draft too).
 ``--temperature`` samples (top-p 0.95, seed 0) instead of decoding greedily. Each run also
 prints the drafted-step price it learned at ``B`` rows. The last lines give every label's
 tokens/s over the first label's, per round (a round: the labels' n-th runs) and their mean, and
@@ -44,6 +46,7 @@ from bench_engine_overhead import chat_prompts  # benches/ is the script's folde
 from racer_rs.autosize import batch_sizer
 from racer_rs.autosize.cost_model import CostModel
 from racer_rs.engine import capacity, generation
+from racer_rs.engine.decode_engine import DecodeEngine
 from racer_rs.target.batch_verifier import BatchVerifier
 
 #: Every verified step's (rows, padded size, verify seconds, step seconds, tokens committed).
@@ -74,6 +77,7 @@ def run(
     price = batch_sizer.DraftPrice.cautious, batch_sizer.DraftPrice.factor, batch_sizer.DraftPrice.forget
     observe = CostModel.observe
     nearest, draft_price = capacity.DraftingSwitch.nearest_verdict, capacity.AutoCapacity._draft_price
+    pacing = DecodeEngine.pacing_rows
     if mode == "padded":  # every step padded to its largest tree, as before flat forwards
         generation.BatchVerifier = lambda model: BatchVerifier(model, flat_forwards=False)  # type: ignore[assignment,misc]
     elif mode == "flat":  # trees of different sizes always flat, as before the layout choice
@@ -91,6 +95,8 @@ def run(
         capacity.AutoCapacity._draft_price = lambda self, batch: self.draft_prices.setdefault(  # type: ignore[method-assign]
             batch, batch_sizer.DraftPrice()
         )
+    elif mode == "unpaced":  # every row drafts when no request waits, as before pacing_rows
+        DecodeEngine.pacing_rows = lambda self, live: [True] * len(live)  # type: ignore[method-assign]
     elif mode:
         drafts = {"draft": True, "plain": False}[mode]
         capacity.AutoCapacity.drafts = lambda self, rows: rows == 1 or drafts  # type: ignore[method-assign]
@@ -116,6 +122,7 @@ def run(
     CostModel.observe = observe  # type: ignore[method-assign]
     capacity.DraftingSwitch.nearest_verdict, capacity.AutoCapacity._draft_price = nearest, draft_price  # type: ignore[method-assign]
     generation.BatchVerifier = BatchVerifier  # type: ignore[misc]
+    DecodeEngine.pacing_rows = pacing  # type: ignore[method-assign]
     tokens = sum(len(r.tokens) for r in results)
     in_steps = sum(step[3] for step in STEPS)
     print(
