@@ -785,11 +785,13 @@ def test_once_no_request_waits_only_the_rows_with_the_most_budget_left_pace() ->
         DecodeState(np.zeros(20, np.int32), prompt_length=2, length=2 + made, next_token=0, max_new_tokens=budget)
         for made, budget in [(3, 8), (0, 7), (1, 6), (2, 4), (0, 7)]
     ]  # 5, 7, 5, 2 and 7 tokens left
-    engine: Any = dataclasses.make_dataclass("Engine", ["waiting"])(waiting=["the next request"])
+    engine: Any = dataclasses.make_dataclass("Engine", ["waiting", "ended_at_eos"])(["the next request"], False)
     assert DecodeEngine.pacing_rows(engine, states) == [True] * 5
     engine.waiting = []
     assert DecodeEngine.pacing_rows(engine, states) == [False, True, False, False, True]
     assert DecodeEngine.pacing_rows(engine, states[:1]) == [True]
+    engine.ended_at_eos = True  # any row may end next: the budget no longer tells which ends last
+    assert DecodeEngine.pacing_rows(engine, states) == [True] * 5
 
 
 def test_a_row_that_does_not_pace_verifies_its_root_alone(forced_cost: Any) -> None:
@@ -804,19 +806,16 @@ def test_a_row_that_does_not_pace_verifies_its_root_alone(forced_cost: Any) -> N
     assert choices[1].keep.tolist() == [0]
 
 
-def test_the_engine_drafts_only_for_the_rows_the_call_waits_for(
-    forced_cost: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Four requests at two rows: while a request waits every row drafts; after that only the
-    rows with the most budget left (the others verify their roots alone), and the outputs stay
-    plain greedy decoding's."""
-    forced_cost(COSTS["flat"])  # every node pays
+def _paced_run(monkeypatch: pytest.MonkeyPatch, eos: int | None) -> list[tuple[int, bool, list[bool], list[int]]]:
+    """Four requests at two rows, ragged budgets, checked against plain greedy decoding (cut
+    after the first EOS); per drafted step: requests waiting, whether one had ended at EOS, the
+    rows' pacing and the sizes the cut kept."""
     cut, pacing_rows = AutoCapacity.cut, DecodeEngine.pacing_rows
-    waiting: list[int] = []
+    engine_state: list[tuple[int, bool]] = []
     steps: list[tuple[list[bool], list[int]]] = []
 
     def recording_pacing(self: DecodeEngine, live: list[DecodeState]) -> list[bool]:
-        waiting.append(len(self.waiting))
+        engine_state.append((len(self.waiting), self.ended_at_eos))
         return pacing_rows(self, live)
 
     def recording_cut(self: AutoCapacity, proposals: Any, rows: Any, context: int, flat: bool, pacing: Any) -> Any:
@@ -826,22 +825,56 @@ def test_the_engine_drafts_only_for_the_rows_the_call_waits_for(
 
     monkeypatch.setattr(DecodeEngine, "pacing_rows", recording_pacing)
     monkeypatch.setattr(AutoCapacity, "cut", recording_cut)
+    monkeypatch.setattr(AutoCapacity, "drafts", lambda self, batch: True)  # every step drafts
     prompts = [PROMPTS[1], REPEATING_PROMPT, PROMPTS[2], REPEATING_PROMPT]
     budgets = [8, 40, 24, 33]
     results = racer_rs.generate_batch(
-        _model("qwen2"), prompts, method="racer", max_new_tokens=budgets, capacity="auto", max_batch_size=2
+        _model("qwen2"),
+        prompts,
+        method="racer",
+        max_new_tokens=budgets,
+        capacity="auto",
+        max_batch_size=2,
+        eos_token_id=eos,
     )
     for prompt, budget, result in zip(prompts, budgets, results, strict=True):
-        assert result.tokens == _expected("qwen2", prompt, budget)
-    assert len(waiting) == len(steps) and 0 in waiting and max(waiting) > 0
+        expected = _expected("qwen2", prompt, budget)
+        if eos in expected:
+            expected = expected[: expected.index(eos) + 1]
+        assert result.tokens == expected
+    assert len(engine_state) == len(steps)
+    return [
+        (waiting, ended, pacing, sizes) for (waiting, ended), (pacing, sizes) in zip(engine_state, steps, strict=True)
+    ]
+
+
+def test_the_engine_drafts_only_for_the_rows_the_call_waits_for(
+    forced_cost: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a request waits every row drafts; after that only the rows with the most budget
+    left (the others verify their roots alone), and the outputs stay plain greedy decoding's."""
+    forced_cost(COSTS["flat"])  # every node pays
+    steps = _paced_run(monkeypatch, eos=None)
+    assert {waiting > 0 for waiting, *_ in steps} == {True, False}
     held_back = 0
-    for left, (pacing, sizes) in zip(waiting, steps, strict=True):
-        if left or len(sizes) == 1:
+    for waiting, _, pacing, sizes in steps:
+        if waiting or len(sizes) == 1:
             assert all(pacing)
         for paces, size in zip(pacing, sizes, strict=True):
             held_back += not paces
             assert paces or size == 1
     assert held_back, "no step ran with a row ahead of the others"
+
+
+def test_once_a_request_ends_at_eos_every_row_drafts_again(forced_cost: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first request ends at EOS after 4 of its 8 tokens: from then on the budget does not
+    tell which row ends last, and no row is held back."""
+    forced_cost(COSTS["flat"])
+    eos = _expected("qwen2", PROMPTS[1], 8)[3]
+    steps = _paced_run(monkeypatch, eos=eos)
+    after = [(pacing, sizes) for waiting, ended, pacing, sizes in steps if ended and not waiting and len(sizes) > 1]
+    assert after, "no batched step after the EOS once the queue was empty"
+    assert all(all(pacing) for pacing, _ in after)
 
 
 def _three_row_policy() -> AutoCapacity:

@@ -328,6 +328,7 @@ class DecodeEngine:
         self.peak_rows = 0
         self.requests = 0  # requests of the whole run
         self.waiting: Sized = ()  # requests not yet admitted (during :meth:`run`)
+        self.ended_at_eos = False  # a request of the call ended at EOS before its budget
 
     # --- admission ----------------------------------------------------------------------------
 
@@ -395,6 +396,7 @@ class DecodeEngine:
         before the next forward)."""
         for state in list(self.live):
             if state.max_new_tokens - state.generated == 1 or state.next_token in self.eos:
+                self.ended_at_eos |= state.max_new_tokens - state.generated > 1
                 started = time.perf_counter()
                 state.positions.append(state.generated)
                 self._append(state, np.asarray([state.next_token], dtype=np.int32), finished=True)
@@ -476,8 +478,12 @@ class DecodeEngine:
         steps, and every node it verifies costs a forward that all rows share: on
         Qwen2.5-Coder-0.5B at 16 rows, one wave of 16 requests, drafting made rows finish at
         different steps, and plain steps of 13 and 7 rows left behind cost 12.0 and 16.3 ms per
-        token against 10.8 at 16."""
-        if self.waiting or len(live) == 1:
+        token against 10.8 at 16.
+        The budget tells which rows end last only while requests run to it: once one of the
+        call's requests has ended at EOS, any row may end next, and every row drafts again (a
+        row held back that turned out the last one would have ended at plain decoding's pace,
+        never slower, but later than drafting would have ended it)."""
+        if self.waiting or len(live) == 1 or self.ended_at_eos:
             return [True] * len(live)
         left = [state.max_new_tokens - state.generated for state in live]
         most = max(left)
@@ -653,6 +659,7 @@ class DecodeEngine:
             hits = np.flatnonzero(np.isin(committed, self.eos))
             if hits.size:
                 committed = committed[: int(hits[0]) + 1]
+                self.ended_at_eos |= state.generated + len(committed) < state.max_new_tokens
                 finished = True
         position = state.generated
         self._append(state, committed, finished)
