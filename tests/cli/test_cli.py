@@ -387,6 +387,7 @@ def test_half_precision_models_are_packed_unless_no_pack_weights(tiny_model, mon
     args = parser.parse_args(["--model", str(tiny_model), "--dtype", "bfloat16", "--device", "cpu", *flag])
     models = LoadedModels(args, ["pld"])
     linears = sum(1 for m in models.model.modules() if isinstance(m, torch.nn.Linear))
-    assert models.packed_layers == packed_linear.packed_layers(models.model) == (0 if flag else linears)
+    packs = not flag and packed_linear.dtype_supported(torch.bfloat16)  # an AVX2-only CPU has no kernels
+    assert models.packed_layers == packed_linear.packed_layers(models.model) == (linears if packs else 0)
     float32 = LoadedModels(parser.parse_args(["--model", str(tiny_model), "--dtype", "float32"]), ["pld"])
     assert float32.packed_layers == 0  # nothing to pack in float32

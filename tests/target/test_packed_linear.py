@@ -31,6 +31,15 @@ pytestmark = [
 ]
 
 
+#: The tests that pack bfloat16 layers: where this CPU's oneDNN cannot (an AVX2-only x86 CPU has
+#: no bfloat16 kernels), packing leaves them as they are
+#: (test_a_dtype_without_packed_kernels_is_left_unpacked checks that).
+needs_bfloat16_packing = pytest.mark.skipif(
+    not packed_linear.dtype_supported(torch.bfloat16),
+    reason="this CPU's oneDNN has no bfloat16 packing (no AVX512-BF16 or AMX): bfloat16 layers stay unpacked here",
+)
+
+
 def half_model(family: str = "llama", dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
     return tiny_model(family, seed=1, sharpen=4.0).to(dtype)
 
@@ -57,6 +66,7 @@ def test_packed_forwards_without_biases_equal_plain_ones_bit_for_bit(
         assert torch.equal(packed(ids.repeat(3, 1)).logits, plain(ids.repeat(3, 1)).logits)  # batch rows
 
 
+@needs_bfloat16_packing
 @pytest.mark.parametrize("family", ["qwen2", "gpt_neox", "phi"])
 def test_packed_forwards_with_biases_differ_at_most_in_rounding(family: str) -> None:
     plain = half_model(family)
@@ -67,6 +77,7 @@ def test_packed_forwards_with_biases_differ_at_most_in_rounding(family: str) -> 
         torch.testing.assert_close(packed(ids).logits, plain(ids).logits)  # bfloat16's tolerances
 
 
+@needs_bfloat16_packing
 def test_packed_layers_use_the_packed_copy_for_several_rows_only(monkeypatch: pytest.MonkeyPatch) -> None:
     model = half_model()
     pack_linear_weights(model, measure=False)
@@ -80,6 +91,7 @@ def test_packed_layers_use_the_packed_copy_for_several_rows_only(monkeypatch: py
     assert len(calls) == linear_count(model) and set(calls) == {3}
 
 
+@needs_bfloat16_packing
 def test_float32_layers_and_linear_subclasses_are_left_alone() -> None:
     assert pack_linear_weights(tiny_model("llama")) == 0  # float32: F.linear does not repack there
 
@@ -101,6 +113,7 @@ def _layer(weight_key_broken: bool, monkeypatch: pytest.MonkeyPatch) -> PackedLi
     return layer
 
 
+@needs_bfloat16_packing
 @pytest.mark.parametrize("broken", [False, True])
 def test_a_weight_changed_in_place_is_packed_again(broken: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     layer = _layer(broken, monkeypatch)
@@ -135,6 +148,7 @@ def test_gradients_flow_as_through_a_plain_layer() -> None:
     assert torch.equal(packed.weight.grad, plain.weight.grad)
 
 
+@needs_bfloat16_packing
 def test_the_model_stays_what_it_was_copies_pickles_ties_and_state_dict() -> None:
     model = half_model()
     model.get_output_embeddings().weight = model.get_input_embeddings().weight  # tied, as SmolLM2's are
@@ -163,6 +177,7 @@ def test_nothing_is_packed_where_it_does_not_measure_faster(monkeypatch: pytest.
     assert pack_linear_weights(model, measure=False) == 0  # no kernels: nothing
 
 
+@needs_bfloat16_packing
 def test_greedy_generation_is_unchanged_and_its_cost_curve_is_its_own() -> None:
     model = half_model()
     prompt = random_prompt(7, length=20) * 2
@@ -175,15 +190,17 @@ def test_greedy_generation_is_unchanged_and_its_cost_curve_is_its_own() -> None:
     assert state.cost_key(model) == key + "-packed"  # a packed model's forward costs differ
 
 
-def test_a_dtype_without_packed_kernels_is_left_unpacked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where oneDNN cannot pack a dtype (float16 on a CPU without AVX512-FP16), packing skips
-    those layers instead of raising from the reorder."""
-    monkeypatch.setattr(packed_linear, "_DTYPE_SUPPORTED", {torch.float16: False})
-    model = half_model("llama", torch.float16)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_dtype_without_packed_kernels_is_left_unpacked(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    """Where oneDNN cannot pack a dtype (float16 on a CPU without AVX512-FP16, bfloat16 on an
+    AVX2-only one), packing skips those layers instead of raising from the reorder."""
+    monkeypatch.setattr(packed_linear, "_DTYPE_SUPPORTED", {dtype: False})
+    model = half_model("llama", dtype)
     assert pack_linear_weights(model, measure=False) == 0
     assert packed_linear.packed_layers(model) == 0
 
 
+@needs_bfloat16_packing
 def test_a_packed_model_moved_to_a_dtype_without_kernels_multiplies_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
     """A model packed in bfloat16 and then moved to float16 where float16 cannot be packed
     computes with ``F.linear``, not a repack that raises."""
